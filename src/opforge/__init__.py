@@ -1,0 +1,24 @@
+"""opforge: verified, fast GPU kernels for transformer inference on PyTorch tensors.
+
+Example:
+    >>> import torch, opforge
+    >>> with opforge.trace() as t:
+    ...     y = opforge.layer_norm(torch.randn(4, 256))
+    >>> t[0].backend
+    'torch'
+"""
+from . import nn
+from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from .runtime.device import DeviceInfo, device_info
+from .runtime.errors import NoKernelError
+from .runtime.policy import FallbackWarning, backend, strict
+from .runtime.registry import explain
+from .runtime.trace import trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
+    "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
+    "NoKernelError", "FallbackWarning", "nn",
+]

@@ -1,0 +1,32 @@
+"""The ``opforge`` command: ``opforge info``, ``opforge verify``, ``opforge bench``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``opforge`` command line; returns the exit status.
+
+    Example:
+        >>> from opforge.cli import main
+        >>> main(["info"])   # doctest: +SKIP
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from .bench.cli import main as bench_main
+        return bench_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="opforge", description="Verified, fast GPU kernels for transformer inference.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="describe the devices and backends on this machine")
+    verify = sub.add_parser("verify", help="check every op on every available backend against float64")
+    verify.add_argument("--ops", help="comma-separated op names (default: all)")
+    verify.add_argument("--quick", action="store_true", help="fewer shapes")
+    sub.add_parser("bench", help="benchmark opforge against its peers (see `opforge bench --help`)")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        from .verify import print_info
+        return print_info()
+    from .verify import run_verify
+    return run_verify(ops=args.ops.split(",") if args.ops else None, quick=args.quick)

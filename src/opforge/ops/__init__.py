@@ -1,0 +1,1 @@
+"""Op families. Each sub-package registers its variants with the runtime when imported."""

@@ -1,0 +1,139 @@
+"""Normalizations over the last dimension: layer_norm, rms_norm and their fused residual-add forms.
+
+Every call validates its arguments, asks the registry for a variant (Triton on CUDA/ROCm,
+Metal on MPS, the torch path elsewhere), runs it and, inside ``opforge.trace()``, records it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...runtime import registry, trace
+from ...runtime.registry import Variant
+from . import reference
+from .problem import OPS, NormCall, prepare
+
+
+def _torch_launch(call: NormCall):
+    return reference.run(call.problem.op, call.x.tensor.view(call.shape),
+                         None if call.residual is None else call.residual.tensor.view(call.shape),
+                         call.weight, call.bias, call.eps)
+
+
+def _register() -> None:
+    try:
+        from . import triton_kernels
+    except ImportError:  # no triton on this machine (e.g. macOS): the torch and metal paths remain
+        triton_kernels = None
+    for op in OPS:
+        if triton_kernels is not None:
+            for name, supports, launch, summary in triton_kernels.VARIANTS:
+                registry.register(Variant(op, "triton", name, supports, launch, summary))
+        registry.register(Variant(op, "torch", "reference", lambda p: None, _torch_launch,
+                                  "torch composite ops, float32 accumulation (float64 for float64 inputs)"))
+        registry.register_problem_builder(op, _problem_builder(op))
+
+
+def _problem_builder(op: str):
+    has_residual = op.startswith("add_")
+
+    def build(x, *args, **kwargs):
+        residual = (args[0] if args else kwargs.pop("residual")) if has_residual else None
+        rest = args[1:] if has_residual else args
+        names = ("weight", "bias", "eps") if "layer" in op else ("weight", "eps")
+        params = dict(zip(names, rest))
+        params.update(kwargs)
+        return prepare(op, x, residual, params.get("weight"), params.get("bias"),
+                       params.get("eps", 1e-5 if "layer" in op else 1e-6)).problem
+
+    return build
+
+
+def _run(op: str, x, residual, weight, bias, eps):
+    call = prepare(op, x, residual, weight, bias, eps)
+    if call.problem.rows == 0:
+        empty = torch.empty(call.shape, dtype=x.dtype, device=x.device)
+        return (empty, empty.clone()) if residual is not None else empty
+    choice = registry.select(op, call.problem, call.problem.device_type)
+    variant = choice.variant
+    if trace._active:
+        note = call.note
+        if choice.fallback_reason:
+            note = "; ".join(filter(None, [note, f"fallback: {choice.fallback_reason}"]))
+        return trace.run_traced(op, variant.backend, variant.name, x, note, variant.launch, call)
+    return variant.launch(call)
+
+
+def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """Layer normalization over the last dimension: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+
+    Args:
+        x: (..., N) float32, float16 or bfloat16 (float64 runs on the torch path). Rows may be
+            strided (``big[:, :N]``); a non-contiguous last dimension is copied (the trace says so).
+        weight, bias: optional (N,) tensors, float32 or x's dtype.
+        eps: added to the variance; finite and >= 0.
+
+    Returns:
+        A packed tensor of x's shape and dtype. Accumulation is in float32.
+
+    Example:
+        >>> import torch, opforge
+        >>> x = torch.randn(2, 8, 64)
+        >>> y = opforge.layer_norm(x, torch.ones(64), torch.zeros(64))
+        >>> torch.allclose(y, torch.nn.functional.layer_norm(x, (64,)), atol=1e-5)
+        True
+    """
+    return _run("layer_norm", x, None, weight, bias, eps)
+
+
+def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+    """RMS normalization over the last dimension: ``x / sqrt(mean(x**2) + eps) * weight``.
+
+    Same dtypes, shapes and strides as ``layer_norm``.
+
+    Example:
+        >>> import torch, opforge
+        >>> x = torch.randn(4, 128)
+        >>> y = opforge.rms_norm(x, torch.ones(128))
+        >>> torch.allclose(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5)
+        True
+    """
+    return _run("rms_norm", x, None, weight, None, eps)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                   bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pre-norm block's add & norm in one pass: returns ``(layer_norm(x + residual), x + residual)``.
+
+    ``residual`` has x's shape and dtype. The sum is rounded to x's dtype, stored as the new
+    residual, and that rounded sum is what gets normalized.
+
+    Example:
+        >>> import torch, opforge
+        >>> x, r = torch.randn(3, 256), torch.randn(3, 256)
+        >>> y, new_r = opforge.add_layer_norm(x, r)
+        >>> torch.equal(new_r, x + r)
+        True
+    """
+    return _run("add_layer_norm", x, residual, weight, bias, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add fused with RMS norm: returns ``(rms_norm(x + residual), x + residual)``.
+
+    Example:
+        >>> import torch, opforge
+        >>> x, r = torch.randn(3, 256), torch.randn(3, 256)
+        >>> y, new_r = opforge.add_rms_norm(x, r, torch.ones(256))
+        >>> torch.allclose(y, opforge.rms_norm(x + r, torch.ones(256)))
+        True
+    """
+    return _run("add_rms_norm", x, residual, weight, None, eps)
+
+
+_register()
+
+__all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]

@@ -1,0 +1,76 @@
+"""Checks of the normalization ops against the float64 oracle, used by ``opforge verify`` and tests."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ...testing import Case, strided_rows
+from . import add_layer_norm, add_rms_norm, layer_norm, rms_norm, reference
+from .problem import OPS
+
+PUBLIC = {"layer_norm": layer_norm, "rms_norm": rms_norm, "add_layer_norm": add_layer_norm,
+          "add_rms_norm": add_rms_norm}
+
+
+def random_input(shape: tuple, dtype: torch.dtype, device: Any, layout: str = "packed",
+                 offset: float = 0.0) -> torch.Tensor:
+    """Fresh random data (never zeros) in the requested layout: packed, strided or transposed."""
+    if layout == "strided":
+        x = strided_rows(shape, dtype, device)
+    elif layout == "transposed":
+        x = torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
+    else:
+        x = torch.randn(*shape, dtype=dtype, device=device)
+    return x.add_(offset) if offset else x
+
+
+def oracle(op: str, args: tuple, kwargs: dict):
+    """The float64 result the kernels are judged against; for add_* ops y is the norm of the rounded sum."""
+    x, *rest = args
+    f64 = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    if op.startswith("add_"):
+        residual = rest[0]
+        total = reference.residual_sum(x, residual)
+        norm = reference.layer_norm if op == "add_layer_norm" else reference.rms_norm
+        return norm(total.double(), **f64), x.double() + residual.double()
+    return getattr(reference, op)(x.double(), **f64)
+
+
+def make_case(op: str, shape: tuple, dtype: torch.dtype, layout: str = "packed", affine: bool = True,
+              weight_dtype: Optional[torch.dtype] = None, offset: float = 0.0) -> Case:
+    """A Case for ``op`` at ``shape``: random x (and residual), random weight and bias."""
+    n = shape[-1]
+
+    def make(device):
+        x = random_input(shape, dtype, device, layout, offset)
+        args = (x, random_input(shape, dtype, device, layout)) if op.startswith("add_") else (x,)
+        kwargs = {}
+        if affine:
+            wd = weight_dtype or dtype
+            kwargs["weight"] = torch.randn(n, dtype=wd, device=device)
+            if "layer" in op:
+                kwargs["bias"] = torch.randn(n, dtype=wd, device=device)
+        return args, kwargs
+
+    return Case(op, tuple(shape), dtype, layout, make, PUBLIC[op], lambda a, k: oracle(op, a, k))
+
+
+def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
+    """Shapes that reach every variant: narrow, mid and wide rows, ragged N, strided rows, fp32 weights."""
+    interpreted = device_type == "cpu"
+    if interpreted:   # Triton's interpreter costs ~1 ms per program: few rows
+        shapes = [(3, 1), (2, 3, 77), (4, 1024), (2, 1500), (1, 20000)]
+    else:
+        shapes = [(7, 1), (64, 77), (4096, 768), (256, 4096), (64, 16384), (8, 65536), (2, 131072)]
+    if quick:
+        shapes = shapes[1::2]
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    cases = []
+    for op in OPS:
+        for shape in shapes:
+            for dtype in dtypes:
+                cases.append(make_case(op, shape, dtype))
+        cases.append(make_case(op, shapes[1], torch.bfloat16, layout="strided", weight_dtype=torch.float32))
+        cases.append(make_case(op, shapes[2], torch.float32, offset=1e4))
+    return cases

@@ -1,0 +1,233 @@
+"""Triton kernels for layer_norm, rms_norm and their fused residual-add forms.
+
+Two kernels serve three variants, chosen by the row length N:
+
+* ``multirow`` (N <= 1024): a program normalizes a tile of BLOCK_M rows at once, so narrow rows
+  still give each program enough bytes in flight.
+* ``row`` (1024 < N <= the register limit): one program per row, the row held in registers,
+  read once and written once.
+* ``looped`` (any N): one program per row walks it in chunks; statistics are combined chunk by
+  chunk (each chunk's mean and squared deviations, merged with Chan's formula), then a second
+  walk normalizes. The row's second read mostly hits L2.
+
+All accumulate in float32 and take the variance around the mean, never E[x^2] - E[x]^2.
+Rows are addressed as ``(r // inner) * stride_outer + (r % inner) * stride_inner`` so strided
+views run in place; outputs are packed.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...runtime.launch import TritonLauncher
+from .problem import HALF_AND_SINGLE, NormCall, NormProblem
+
+MULTIROW_MAX_N = 1024
+TILE_ELEMENTS = 4096          # elements a multirow program holds (BLOCK_M * BLOCK_N)
+ROW_MAX_N = {2: 16384, 4: 8192}   # per element size: widest row kept whole in registers
+LOOP_CHUNK = {2: 4096, 4: 2048}
+
+
+@triton.jit
+def _row_offsets(row, inner, stride_outer, stride_inner):
+    return (row // inner) * stride_outer + (row % inner) * stride_inner
+
+
+@triton.jit
+def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
+                 x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
+                 IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < n
+    mask = (row < rows)[:, None] & col_ok[None, :]
+    out_off = row[:, None] * n + cols[None, :]
+    x_off = _row_offsets(row, x_inner, x_so, x_si)
+    v = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r_off = _row_offsets(row, r_inner, r_so, r_si)
+        v += tl.load(r_ptr + r_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        total = v.to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + out_off, total, mask=mask)
+        v = total.to(tl.float32)
+    if IS_RMS:
+        y = v * tl.rsqrt(tl.sum(v * v, axis=1) / n + eps)[:, None]
+    else:
+        # x - rough_mean is exact for clustered rows, so its mean corrects the rounding of
+        # rough_mean itself: rows like 1e4 + randn keep full float32 accuracy.
+        rough_mean = tl.sum(v, axis=1) / n
+        centered = tl.where(mask, v - rough_mean[:, None], 0.0)
+        centered = tl.where(mask, centered - (tl.sum(centered, axis=1) / n)[:, None], 0.0)
+        y = centered * tl.rsqrt(tl.sum(centered * centered, axis=1) / n + eps)[:, None]
+    if HAS_W:
+        y *= tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + out_off, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
+                   x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
+                   IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                   CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + _row_offsets(row, x_inner, x_so, x_si)
+    r_row = r_ptr + _row_offsets(row, r_inner, r_so, r_si)
+    y_row = y_ptr + row * n
+    s_row = s_ptr + row * n
+    cols = tl.arange(0, CHUNK)
+    # Statistics are taken of x - shift, with shift the first chunk's mean: for clustered rows
+    # (1e4 + randn) that subtraction is exact, so the small mean left over keeps full accuracy.
+    shift = 0.0
+    if not IS_RMS:
+        first_ok = cols < n
+        first = tl.load(x_row + cols, mask=first_ok, other=0.0).to(tl.float32)
+        if HAS_RES:
+            first += tl.load(r_row + cols, mask=first_ok, other=0.0).to(tl.float32)
+            first = first.to(s_ptr.dtype.element_ty).to(tl.float32)
+        shift = tl.sum(first, axis=0) / tl.minimum(n, CHUNK).to(tl.float32)
+    count = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for start in range(0, n, CHUNK):
+        c = start + cols
+        ok = c < n
+        v = tl.load(x_row + c, mask=ok, other=0.0).to(tl.float32)
+        if HAS_RES:
+            v += tl.load(r_row + c, mask=ok, other=0.0).to(tl.float32)
+            total = v.to(s_ptr.dtype.element_ty)
+            tl.store(s_row + c, total, mask=ok)
+            v = total.to(tl.float32)
+        if IS_RMS:
+            m2 += tl.sum(v * v, axis=0)
+        else:
+            v = tl.where(ok, v - shift, 0.0)
+            k = tl.minimum(n - start, CHUNK).to(tl.float32)
+            chunk_mean = tl.sum(v, axis=0) / k
+            d = tl.where(ok, v - chunk_mean, 0.0)
+            delta = chunk_mean - mean
+            merged = count + k
+            mean += delta * (k / merged)
+            m2 += tl.sum(d * d, axis=0) + delta * delta * (count * k / merged)
+            count = merged
+    rstd = tl.rsqrt(m2 / n + eps)
+    if HAS_RES:
+        tl.debug_barrier()  # the stored sums are re-read below, possibly by other threads
+    for start in range(0, n, CHUNK):
+        c = start + cols
+        ok = c < n
+        if HAS_RES:
+            v = tl.load(s_row + c, mask=ok, other=0.0).to(tl.float32)
+        else:
+            v = tl.load(x_row + c, mask=ok, other=0.0).to(tl.float32)
+        if IS_RMS:
+            y = v * rstd
+        else:
+            y = ((v - shift) - mean) * rstd
+        if HAS_W:
+            y *= tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        if HAS_B:
+            y += tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+_tile = TritonLauncher(_tile_kernel)
+_looped = TritonLauncher(_looped_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def multirow_config(n: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows."""
+    block_n = triton.next_power_of_2(n)
+    block_m = max(1, min(64, TILE_ELEMENTS // block_n))
+    return block_m, block_n, 4 if block_m * block_n <= 2048 else 8
+
+
+@functools.lru_cache(maxsize=None)
+def row_config(n: int) -> tuple[int, int, int]:
+    """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers."""
+    block_n = triton.next_power_of_2(n)
+    return 1, block_n, max(4, min(32, block_n // 512))
+
+
+@functools.lru_cache(maxsize=None)
+def looped_config(n: int, elem_size: int) -> tuple[int, int]:
+    """(CHUNK, num_warps) for the looped variant."""
+    chunk = min(LOOP_CHUNK[elem_size], triton.next_power_of_2(n))
+    return chunk, max(4, min(16, chunk // 256))
+
+
+def _common_args(call: NormCall, y: torch.Tensor, s: Optional[torch.Tensor]) -> tuple:
+    p = call.problem
+    x = call.x
+    r = call.residual or call.x
+    return (x.tensor, r.tensor, y, s if s is not None else y,
+            call.weight if call.weight is not None else y, call.bias if call.bias is not None else y,
+            p.rows, p.n, x.inner, x.stride_outer, x.stride_inner, r.inner, r.stride_outer, r.stride_inner,
+            call.eps, p.is_rms, p.has_residual, call.weight is not None, call.bias is not None)
+
+
+def _outputs(call: NormCall):
+    x = call.x.tensor
+    y = torch.empty(call.shape, dtype=x.dtype, device=x.device)
+    s = torch.empty(call.shape, dtype=x.dtype, device=x.device) if call.problem.has_residual else None
+    return y, s
+
+
+def _finish(y: torch.Tensor, s: Optional[torch.Tensor]):
+    return (y, s) if s is not None else y
+
+
+def launch_multirow(call: NormCall):
+    y, s = _outputs(call)
+    block_m, block_n, warps = multirow_config(call.problem.n)
+    _tile((triton.cdiv(call.problem.rows, block_m),), _common_args(call, y, s) + (block_m, block_n),
+          num_warps=warps)
+    return _finish(y, s)
+
+
+def launch_row(call: NormCall):
+    y, s = _outputs(call)
+    block_m, block_n, warps = row_config(call.problem.n)
+    _tile((call.problem.rows,), _common_args(call, y, s) + (block_m, block_n), num_warps=warps)
+    return _finish(y, s)
+
+
+def launch_looped(call: NormCall):
+    y, s = _outputs(call)
+    chunk, warps = looped_config(call.problem.n, call.x.tensor.element_size())
+    _looped((call.problem.rows,), _common_args(call, y, s) + (chunk,), num_warps=warps)
+    return _finish(y, s)
+
+
+def _dtype_reason(p: NormProblem) -> Optional[str]:
+    if p.dtype not in HALF_AND_SINGLE:
+        return f"x is {str(p.dtype).replace('torch.', '')}; triton kernels take float32, float16 or bfloat16 " \
+               "(float64 runs on the torch path)"
+    return None
+
+
+def supports_multirow(p: NormProblem) -> Optional[str]:
+    return _dtype_reason(p) or (None if p.n <= MULTIROW_MAX_N else f"N={p.n} > {MULTIROW_MAX_N}")
+
+
+def supports_row(p: NormProblem) -> Optional[str]:
+    limit = ROW_MAX_N[p.dtype.itemsize]
+    return _dtype_reason(p) or (None if p.n <= limit else f"N={p.n} > {limit}: a row this wide would spill registers")
+
+
+def supports_looped(p: NormProblem) -> Optional[str]:
+    return _dtype_reason(p)
+
+
+VARIANTS = (
+    ("multirow", supports_multirow, launch_multirow, "several narrow rows per program, held in registers"),
+    ("row", supports_row, launch_row, "one row per program, held in registers"),
+    ("looped", supports_looped, launch_looped, "one row per program, walked in chunks (any N)"),
+)

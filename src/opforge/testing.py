@@ -1,0 +1,75 @@
+"""Helpers to check kernels against the float64 oracle, shared by ``opforge verify`` and the tests.
+
+Example:
+    >>> import torch
+    >>> from opforge.testing import rel_error
+    >>> rel_error(torch.ones(3), torch.ones(3, dtype=torch.float64))
+    0.0
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, Union
+
+import torch
+
+#: Relative-error bounds per output dtype: float32 well under 1e-5; half types near their rounding
+#: (bf16 allows Triton's interpreter, whose bf16 stores truncate instead of rounding).
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}
+
+Outputs = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; NaN anywhere in ``out`` gives ``inf``."""
+    out64 = out.detach().to("cpu", torch.float64)
+    ref64 = ref.detach().to("cpu", torch.float64)
+    if out64.shape != ref64.shape:
+        raise ValueError(f"shape {tuple(out64.shape)} != reference shape {tuple(ref64.shape)}")
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    denom = ref64.norm().item()
+    diff = (out64 - ref64).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def max_rel_error(outs: Outputs, refs: Outputs) -> float:
+    """The worst ``rel_error`` over matching outputs (single tensors or tuples)."""
+    if isinstance(outs, torch.Tensor):
+        outs, refs = (outs,), (refs,)
+    return max(rel_error(o, r) for o, r in zip(outs, refs))
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with NaN so that any element a kernel forgets to write fails the check."""
+    return t.fill_(float("nan"))
+
+
+def strided_rows(shape: Sequence[int], dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """Random data of ``shape`` viewed out of a larger tensor as ``big[..., ::2, :N]``.
+
+    Rows are then neither packed nor evenly spaced across the leading dims: the layout kernels
+    must read in place.
+    """
+    *lead, n = shape
+    if not lead:
+        return torch.randn(2, n + 5, dtype=dtype, device=device)[0, :n]
+    big = torch.randn(*lead[:-1], 2 * lead[-1], n + 5, dtype=dtype, device=device)
+    return big[..., ::2, :n]
+
+
+@dataclass
+class Case:
+    """One check: an op on fresh random inputs of a shape and dtype, and its float64 oracle."""
+
+    op: str
+    shape: tuple
+    dtype: torch.dtype
+    layout: str
+    make: Callable[[Any], tuple]                 # device -> (args, kwargs), fresh random data
+    call: Callable[..., Outputs]                 # the public opforge function
+    oracle: Callable[..., Outputs]               # (args, kwargs) -> float64 outputs
+
+    @property
+    def label(self) -> str:
+        return f"{'x'.join(map(str, self.shape))}{'' if self.layout == 'packed' else ' ' + self.layout}"

@@ -1,0 +1,99 @@
+"""``opforge verify``: every op on every backend this machine has, against the float64 oracle."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
+
+import torch
+
+from .runtime import backends, registry
+from .runtime.device import device_info
+from .runtime.policy import backend as force_backend
+from .runtime.trace import trace
+from .testing import TOLERANCE, max_rel_error, poison_
+
+
+def _families():
+    from .ops.norm import cases as norm_cases
+    return [norm_cases]
+
+
+def _device_type() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def print_info() -> int:
+    """Print the devices and which backends can run on them."""
+    dtype = _device_type()
+    info = device_info()
+    print(f"device:   {info}")
+    for name in ("triton", "metal", "torch"):
+        reason = backends.unavailable_reason(name, dtype)
+        print(f"{name:8s}  {'available' if reason is None else 'unavailable: ' + reason}")
+    print(f"torch {torch.__version__}" + (f", triton {_triton_version()}" if _triton_version() else ""))
+    return 0
+
+
+def _triton_version() -> Optional[str]:
+    try:
+        import triton
+        return triton.__version__
+    except ImportError:
+        return None
+
+
+def _needs_interpreter_reexec() -> bool:
+    """On a machine with no GPU, verify the Triton kernels through the interpreter (set before import)."""
+    return _device_type() == "cpu" and not backends.triton_interpreting() and _triton_version() is not None \
+        and os.environ.get("OPFORGE_VERIFY_CHILD") != "1"
+
+
+def run_verify(ops: Optional[Sequence[str]] = None, quick: bool = False) -> int:
+    """Check every op on every available backend; print a table; return 1 on any failure."""
+    if _needs_interpreter_reexec():
+        env = dict(os.environ, TRITON_INTERPRET="1", OPFORGE_VERIFY_CHILD="1")
+        argv = [sys.executable, "-m", "opforge", "verify"] + (["--ops", ",".join(ops)] if ops else []) + \
+            (["--quick"] if quick else [])
+        print("no GPU here: running the Triton kernels through Triton's interpreter (TRITON_INTERPRET=1)")
+        return subprocess.call(argv, env=env)
+    device_type = _device_type()
+    device = "cuda" if device_type == "cuda" else device_type
+    names = [b for b in ("triton", "metal", "torch") if backends.unavailable_reason(b, device_type) is None]
+    rows, failures = [], 0
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    for family in _families():
+        for case in family.verify_cases(device_type, quick):
+            if ops and case.op not in ops:
+                continue
+            for name in names:
+                if not any(v.backend == name for v in registry.variants(case.op)):
+                    continue
+                args, kwargs = case.make(device)
+                try:
+                    with force_backend(name), trace() as t:
+                        out = case.call(*args, **kwargs)
+                    err = max_rel_error(out, case.oracle(args, kwargs))
+                    variant = t[0].variant if len(t) else "?"
+                    ok = err <= TOLERANCE[case.dtype] and len(t) == 1 and t[0].backend == name
+                except Exception as exc:  # report and keep going: verify must show every failure
+                    err, variant, ok = float("nan"), f"error: {type(exc).__name__}: {exc}", False
+                failures += not ok
+                rows.append((case.op, name, variant, str(case.dtype).replace("torch.", ""), case.label,
+                             f"{err:.2e}", "pass" if ok else "FAIL"))
+    _print_table(("op", "backend", "variant", "dtype", "shape", "rel err", "result"), rows)
+    print(f"{len(rows) - failures}/{len(rows)} passed on {device_info()} in {time.perf_counter() - start:.1f} s")
+    return 1 if failures else 0
+
+
+def _print_table(header: tuple, rows: list[tuple]) -> None:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    for r in [header, tuple("-" * w for w in widths)] + rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
