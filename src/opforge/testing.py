@@ -73,3 +73,9 @@ class Case:
     @property
     def label(self) -> str:
         return f"{'x'.join(map(str, self.shape))}{'' if self.layout == 'packed' else ' ' + self.layout}"
+
+
+#: Where tests and ``opforge verify`` run the kernels: the GPU if there is one, else the CPU
+#: (Triton then runs in its interpreter).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_GPU = DEVICE == "cuda"

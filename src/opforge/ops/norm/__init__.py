@@ -54,7 +54,7 @@ def _run(op: str, x, residual, weight, bias, eps):
     call = prepare(op, x, residual, weight, bias, eps)
     if call.problem.rows == 0:
         empty = torch.empty(call.shape, dtype=x.dtype, device=x.device)
-        return (empty, empty.clone()) if residual is not None else empty
+        return (empty, empty.clone()) if call.problem.has_residual else empty
     choice = registry.select(op, call.problem, call.problem.device_type)
     variant = choice.variant
     if trace._active:

@@ -70,7 +70,7 @@ def prepare(op: str, x: torch.Tensor, residual: Optional[torch.Tensor], weight: 
     if n == 0:
         raise ValueError("x's last dimension N must be >= 1, got N=0")
     device = x.device
-    if residual is not None:
+    if op.startswith("add_"):
         check_float_tensor("residual", residual)
         check_same_shape("residual", residual, x.shape)
         check_same_device("residual", residual, device)

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...runtime import alloc
 from ...runtime.launch import TritonLauncher
 from .problem import HALF_AND_SINGLE, NormCall, NormProblem
 
@@ -175,8 +176,8 @@ def _common_args(call: NormCall, y: torch.Tensor, s: Optional[torch.Tensor]) -> 
 
 def _outputs(call: NormCall):
     x = call.x.tensor
-    y = torch.empty(call.shape, dtype=x.dtype, device=x.device)
-    s = torch.empty(call.shape, dtype=x.dtype, device=x.device) if call.problem.has_residual else None
+    y = alloc.empty(call.shape, x.dtype, x.device)
+    s = alloc.empty(call.shape, x.dtype, x.device) if call.problem.has_residual else None
     return y, s
 
 
@@ -218,8 +219,10 @@ def supports_multirow(p: NormProblem) -> Optional[str]:
 
 
 def supports_row(p: NormProblem) -> Optional[str]:
+    if _dtype_reason(p):
+        return _dtype_reason(p)
     limit = ROW_MAX_N[p.dtype.itemsize]
-    return _dtype_reason(p) or (None if p.n <= limit else f"N={p.n} > {limit}: a row this wide would spill registers")
+    return (None if p.n <= limit else f"N={p.n} > {limit}: a row this wide would spill registers")
 
 
 def supports_looped(p: NormProblem) -> Optional[str]:
