@@ -1,0 +1,3 @@
+"""Built-in benchmark ops and suites; importing this package registers them."""
+
+from opforge.bench.suites import norm, standard  # noqa: F401

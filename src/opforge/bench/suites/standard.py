@@ -1,0 +1,71 @@
+"""The three built-in suites: ``seed`` (the users' table), ``llm`` and ``latency``.
+
+Later issues add their ops with, for example::
+
+    from opforge.bench.spec import SuiteEntry, get_suite
+    get_suite("llm").add(SuiteEntry("softmax", LLM_SHAPES, (torch.bfloat16, torch.float16)))
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.bench.spec import COMPILE, CPU, LIGER, OPFORGE, TORCH, Suite, SuiteEntry, register_suite
+from opforge.bench.suites.norm import NORM_OPS
+from opforge.bench.targets import bandwidth_at_least, near_fastest_peer, no_slower_than
+
+#: The users' layer-norm table: small, BERT-base, BERT-large, XLarge (batch, seq, hidden).
+SEED_SHAPES = ((2, 32, 256), (8, 128, 768), (8, 128, 1024), (4, 64, 4096))
+#: rows x N of LLM activations, from many short rows to few very long ones.
+LLM_SHAPES = (
+    (32768, 1024),
+    (16384, 4096),
+    (8192, 8192),
+    (4096, 16384),
+    (2048, 32768),
+    (1024, 65536),
+    (262144, 128),
+)
+#: Host-overhead-bound sizes: the two smallest seed shapes and one decode step.
+LATENCY_SHAPES = ((2, 32, 256), (8, 128, 768), (1, 1, 4096))
+
+ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+SEED = register_suite(
+    Suite(
+        name="seed",
+        description="the users' layer-norm table: 4 shapes x fp32/fp16/bf16, GPU vs CPU",
+        entries=[SuiteEntry(op, SEED_SHAPES, ALL_DTYPES) for op in ("layer_norm", "rms_norm")],
+        impls=(OPFORGE, TORCH, COMPILE, LIGER, CPU),
+        metric="gpu_us",
+        targets=[no_slower_than(TORCH, "gpu_us")],
+    )
+)
+
+LLM = register_suite(
+    Suite(
+        name="llm",
+        description="LLM activation shapes (rows x N) in bf16/fp16: share of copy bandwidth",
+        entries=[SuiteEntry(op, LLM_SHAPES, HALF_DTYPES) for op in NORM_OPS],
+        impls=(OPFORGE, TORCH, COMPILE, LIGER),
+        metric="gpu_us",
+        targets=[
+            bandwidth_at_least({"bf16": 90.0, "fp16": 90.0, "fp32": 85.0}),
+            near_fastest_peer(0.03, "gpu_us"),
+        ],
+    )
+)
+
+LATENCY = register_suite(
+    Suite(
+        name="latency",
+        description="wall time per call at small sizes; a chain of 10 norms eager vs CUDA graph",
+        entries=[SuiteEntry(op, LATENCY_SHAPES, (torch.bfloat16, torch.float32)) for op in NORM_OPS],
+        impls=(OPFORGE, TORCH, COMPILE, LIGER),
+        metric="wall_us",
+        chain_len=10,
+        chain_impls=(OPFORGE, TORCH, LIGER),
+        targets=[no_slower_than(TORCH, "wall_us")],
+    )
+)

@@ -1,0 +1,88 @@
+"""Target makers: the goals a suite's results are judged by.
+
+Each maker returns a :class:`~opforge.bench.spec.Target` whose ``check(case)`` gives
+``(met, detail)`` or None when the target does not apply. A missing or wrong opforge
+result counts as a miss: a target is never quietly skipped for lack of a number.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from opforge.bench.results import CaseResult
+from opforge.bench.spec import OPFORGE, Target
+
+
+def _opforge_missing(case: CaseResult) -> tuple[bool, str] | None:
+    r = case.results.get(OPFORGE)
+    if r is None:
+        return None
+    if not r.ok:
+        return False, f"opforge {r.status}" + (f": {r.reason}" if r.reason else "")
+    return None
+
+
+def bandwidth_at_least(pct_by_dtype: Mapping[str, float]) -> Target:
+    """opforge reaches ``pct_by_dtype[dtype]`` percent of the measured copy bandwidth.
+
+    Example:
+        >>> t = bandwidth_at_least({"bf16": 90.0, "fp16": 90.0, "fp32": 85.0})
+    """
+    text = ", ".join(f"{k} {v:g}%" for k, v in pct_by_dtype.items())
+
+    def check(case: CaseResult) -> tuple[bool, str] | None:
+        goal = pct_by_dtype.get(case.dtype)
+        if goal is None:
+            return None
+        missing = _opforge_missing(case)
+        if missing is not None:
+            return missing
+        r = case.results.get(OPFORGE)
+        if r is None or r.pct_copy is None:
+            return None
+        return r.pct_copy >= goal, f"{r.pct_copy:.1f}% of copy (goal {goal:g}%)"
+
+    return Target(f">= copy-bandwidth share ({text})", check)
+
+
+def near_fastest_peer(max_slower: float, metric: str = "gpu_us") -> Target:
+    """opforge is at most ``max_slower`` (0.03 = 3%) slower than the fastest correct peer.
+
+    Example:
+        >>> t = near_fastest_peer(0.03)
+    """
+
+    def check(case: CaseResult) -> tuple[bool, str] | None:
+        missing = _opforge_missing(case)
+        if missing is not None:
+            return missing
+        mine, best = case.time(OPFORGE, metric), case.best_peer(metric)
+        if mine is None or best is None:
+            return None
+        name, theirs = best
+        return mine <= theirs * (1.0 + max_slower), f"{theirs / mine:.3f}x vs fastest peer {name}"
+
+    return Target(f"<= {max_slower:.0%} slower than the fastest peer ({_metric(metric)})", check)
+
+
+def no_slower_than(peer: str, metric: str) -> Target:
+    """opforge's ``metric`` time is at most ``peer``'s.
+
+    Example:
+        >>> t = no_slower_than("torch", "wall_us")
+    """
+
+    def check(case: CaseResult) -> tuple[bool, str] | None:
+        missing = _opforge_missing(case)
+        if missing is not None:
+            return missing
+        mine, theirs = case.time(OPFORGE, metric), case.time(peer, metric)
+        if mine is None or theirs is None:
+            return None
+        return mine <= theirs, f"{mine:.2f} vs {theirs:.2f} us ({theirs / mine:.2f}x)"
+
+    return Target(f"{_metric(metric)} no worse than {peer}", check)
+
+
+def _metric(metric: str) -> str:
+    return {"gpu_us": "GPU time", "wall_us": "wall time per call"}.get(metric, metric)
