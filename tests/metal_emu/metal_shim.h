@@ -1,0 +1,629 @@
+// metal_shim.h - what a Metal Shading Language compute kernel sees, in C++20.
+//
+// The emulator compiles a .metal file (after a small mechanical rewrite done
+// by _source.py: `[[...]]` attributes dropped, `threadgroup` variables moved to
+// per-threadgroup storage) with this header in front of it.  It provides the
+// scalar and vector types, the `metal::` math the kernels use, the simdgroup
+// collectives and the barriers.  The execution model lives in emu_exec.h.
+//
+// Types: `half` is _Float16; `bfloat` is a 16-bit storage type whose
+// conversions from float round to nearest even and whose arithmetic is done
+// in float and rounded back, as on the GPU.
+#pragma once
+
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <source_location>
+#include <type_traits>
+
+#include "emu_exec.h"
+
+// ---------------------------------------------------------------------------
+// Scalar types.
+
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned char uchar;
+typedef _Float16 half;
+
+struct bfloat {
+  uint16_t bits;
+
+  static uint16_t round_from(float f) {
+    uint32_t u = std::bit_cast<uint32_t>(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+    u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    return static_cast<uint16_t>(u >> 16);
+  }
+
+  bfloat() = default;
+  template <class U>
+    requires(std::is_arithmetic_v<U> || std::is_same_v<U, _Float16>)
+  bfloat(U v) : bits(round_from(static_cast<float>(v))) {}
+  operator float() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+  explicit operator half() const { return static_cast<half>(static_cast<float>(*this)); }
+
+  bfloat operator-() const {
+    bfloat r;
+    r.bits = static_cast<uint16_t>(bits ^ 0x8000u);
+    return r;
+  }
+};
+
+namespace emu {
+template <class T>
+inline constexpr bool is_scalar_v =
+    std::is_arithmetic_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat>;
+}  // namespace emu
+
+// bfloat with bfloat stays bfloat; with any other type it computes in float.
+#define EMU_BF_ARITH(op)                                                           \
+  inline bfloat operator op(bfloat a, bfloat b) {                                 \
+    return bfloat(static_cast<float>(a) op static_cast<float>(b));                \
+  }                                                                                \
+  template <class U>                                                               \
+    requires(emu::is_scalar_v<U> && !std::is_same_v<U, bfloat>)                    \
+  inline auto operator op(bfloat a, U b) {                                         \
+    return static_cast<float>(a) op static_cast<std::common_type_t<float, U>>(b);   \
+  }                                                                                \
+  template <class U>                                                               \
+    requires(emu::is_scalar_v<U> && !std::is_same_v<U, bfloat>)                    \
+  inline auto operator op(U a, bfloat b) {                                         \
+    return static_cast<std::common_type_t<float, U>>(a) op static_cast<float>(b);   \
+  }                                                                                \
+  template <class U>                                                               \
+    requires(emu::is_scalar_v<U>)                                                  \
+  inline bfloat& operator op##=(bfloat & a, U b) {                                 \
+    a = bfloat(static_cast<float>(a) op static_cast<float>(b));                    \
+    return a;                                                                      \
+  }
+EMU_BF_ARITH(+)
+EMU_BF_ARITH(-)
+EMU_BF_ARITH(*)
+EMU_BF_ARITH(/)
+#undef EMU_BF_ARITH
+
+#define EMU_BF_CMP(op)                                                                   \
+  inline bool operator op(bfloat a, bfloat b) {                                         \
+    return static_cast<float>(a) op static_cast<float>(b);                              \
+  }                                                                                      \
+  template <class U>                                                                     \
+    requires(emu::is_scalar_v<U> && !std::is_same_v<U, bfloat>)                          \
+  inline bool operator op(bfloat a, U b) {                                               \
+    return static_cast<float>(a) op b;                                                   \
+  }                                                                                      \
+  template <class U>                                                                     \
+    requires(emu::is_scalar_v<U> && !std::is_same_v<U, bfloat>)                          \
+  inline bool operator op(U a, bfloat b) {                                               \
+    return a op static_cast<float>(b);                                                   \
+  }
+EMU_BF_CMP(<)
+EMU_BF_CMP(>)
+EMU_BF_CMP(<=)
+EMU_BF_CMP(>=)
+EMU_BF_CMP(==)
+EMU_BF_CMP(!=)
+#undef EMU_BF_CMP
+
+// ---------------------------------------------------------------------------
+// Vector types: float2..4, half2..4, bfloat2..4, int2..4, uint2..4, ...
+// Sizes and alignments follow Metal (a 3-vector is padded to 4 elements).
+
+template <class T, int N>
+struct vec_fields;
+template <class T>
+struct vec_fields<T, 2> {
+  T x, y;
+};
+template <class T>
+struct vec_fields<T, 3> {
+  T x, y, z;
+};
+template <class T>
+struct vec_fields<T, 4> {
+  T x, y, z, w;
+};
+
+template <class T, int N>
+struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : vec_fields<T, N> {
+  vec() = default;
+  template <class U>
+    requires emu::is_scalar_v<U>
+  vec(U s) {  // broadcast
+    for (int i = 0; i < N; ++i) (*this)[i] = static_cast<T>(s);
+  }
+  template <class... U>
+    requires(sizeof...(U) == N && N > 1 && (emu::is_scalar_v<U> && ...))
+  vec(U... parts) {
+    int i = 0;
+    ((void)((*this)[i++] = static_cast<T>(parts)), ...);
+  }
+  template <class U>
+  explicit vec(const vec<U, N>& o) {
+    for (int i = 0; i < N; ++i) (*this)[i] = static_cast<T>(o[i]);
+  }
+
+  T& operator[](int i) { return (&this->x)[i]; }
+  const T& operator[](int i) const { return (&this->x)[i]; }
+
+  static vec from_dim3(uint32_t a, uint32_t b, uint32_t c) {
+    vec r;
+    const uint32_t d[3] = {a, b, c};
+    for (int i = 0; i < N; ++i) r[i] = static_cast<T>(i < 3 ? d[i] : 0);
+    return r;
+  }
+
+  vec operator-() const {
+    vec r;
+    for (int i = 0; i < N; ++i) r[i] = static_cast<T>(-(*this)[i]);
+    return r;
+  }
+};
+
+#define EMU_VEC_ARITH(op)                                                       \
+  template <class T, int N>                                                     \
+  inline vec<T, N> operator op(const vec<T, N>& a, const vec<T, N>& b) {        \
+    vec<T, N> r;                                                                \
+    for (int i = 0; i < N; ++i) r[i] = static_cast<T>(a[i] op b[i]);            \
+    return r;                                                                   \
+  }                                                                             \
+  template <class T, int N, class U>                                            \
+    requires emu::is_scalar_v<U>                                                \
+  inline vec<T, N> operator op(const vec<T, N>& a, U b) {                       \
+    return a op vec<T, N>(b);                                                   \
+  }                                                                             \
+  template <class T, int N, class U>                                            \
+    requires emu::is_scalar_v<U>                                                \
+  inline vec<T, N> operator op(U a, const vec<T, N>& b) {                       \
+    return vec<T, N>(a) op b;                                                   \
+  }                                                                             \
+  template <class T, int N, class V>                                            \
+  inline vec<T, N>& operator op##=(vec<T, N> & a, const V & b) {                \
+    a = a op b;                                                                 \
+    return a;                                                                   \
+  }
+EMU_VEC_ARITH(+)
+EMU_VEC_ARITH(-)
+EMU_VEC_ARITH(*)
+EMU_VEC_ARITH(/)
+#undef EMU_VEC_ARITH
+
+#define EMU_VEC_TYPES(T, name) \
+  typedef vec<T, 2> name##2;   \
+  typedef vec<T, 3> name##3;   \
+  typedef vec<T, 4> name##4;
+EMU_VEC_TYPES(float, float)
+EMU_VEC_TYPES(half, half)
+EMU_VEC_TYPES(bfloat, bfloat)
+EMU_VEC_TYPES(int, int)
+EMU_VEC_TYPES(uint, uint)
+EMU_VEC_TYPES(short, short)
+EMU_VEC_TYPES(ushort, ushort)
+EMU_VEC_TYPES(char, char)
+EMU_VEC_TYPES(uchar, uchar)
+EMU_VEC_TYPES(long, long)
+EMU_VEC_TYPES(bool, bool)
+#undef EMU_VEC_TYPES
+
+// ---------------------------------------------------------------------------
+// metal:: math.
+
+namespace metal {
+
+using ::bfloat;
+using ::half;
+using ::uchar;
+using ::uint;
+using ::ushort;
+
+namespace detail {
+// Apply a float function to a scalar of any floating type, rounding back.
+template <class T, class F>
+inline T via_float(T x, F f) {
+  return static_cast<T>(f(static_cast<float>(x)));
+}
+}  // namespace detail
+
+#define EMU_UNARY(name, body)                                                         \
+  inline float name(float x) { return body; }                                         \
+  inline half name(half h) { return detail::via_float(h, [](float x) { return body; }); } \
+  inline bfloat name(bfloat b) {                                                      \
+    return detail::via_float(b, [](float x) { return body; });                        \
+  }                                                                                   \
+  template <class T, int N>                                                           \
+  inline vec<T, N> name(const vec<T, N>& v) {                                         \
+    vec<T, N> r;                                                                      \
+    for (int i = 0; i < N; ++i) r[i] = name(v[i]);                                    \
+    return r;                                                                         \
+  }
+EMU_UNARY(sqrt, std::sqrt(x))
+EMU_UNARY(rsqrt, 1.0f / std::sqrt(x))
+EMU_UNARY(exp, std::exp(x))
+EMU_UNARY(exp2, std::exp2(x))
+EMU_UNARY(log, std::log(x))
+EMU_UNARY(log2, std::log2(x))
+EMU_UNARY(sin, std::sin(x))
+EMU_UNARY(cos, std::cos(x))
+EMU_UNARY(tanh, std::tanh(x))
+EMU_UNARY(floor, std::floor(x))
+EMU_UNARY(ceil, std::ceil(x))
+EMU_UNARY(round, std::round(x))
+EMU_UNARY(trunc, std::trunc(x))
+EMU_UNARY(fabs, std::fabs(x))
+EMU_UNARY(saturate, std::fmin(std::fmax(x, 0.0f), 1.0f))
+#undef EMU_UNARY
+
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T abs(T x) {
+  return x < T(0) ? static_cast<T>(-x) : x;
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T min(T a, T b) {
+  return b < a ? b : a;
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T max(T a, T b) {
+  return a < b ? b : a;
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T fmin(T a, T b) {
+  return static_cast<T>(std::fmin(static_cast<float>(a), static_cast<float>(b)));
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T fmax(T a, T b) {
+  return static_cast<T>(std::fmax(static_cast<float>(a), static_cast<float>(b)));
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T clamp(T x, T lo, T hi) {
+  return min(max(x, lo), hi);
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T fma(T a, T b, T c) {
+  return static_cast<T>(std::fma(static_cast<float>(a), static_cast<float>(b),
+                                 static_cast<float>(c)));
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T pow(T a, T b) {
+  return static_cast<T>(std::pow(static_cast<float>(a), static_cast<float>(b)));
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline T mix(T a, T b, T t) {
+  return static_cast<T>(a + (b - a) * t);
+}
+template <class T>
+inline T select(T a, T b, bool c) {
+  return c ? b : a;
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline bool isnan(T x) {
+  return std::isnan(static_cast<float>(x));
+}
+template <class T>
+  requires emu::is_scalar_v<T>
+inline bool isinf(T x) {
+  return std::isinf(static_cast<float>(x));
+}
+template <class T, int N>
+inline vec<T, N> min(const vec<T, N>& a, const vec<T, N>& b) {
+  vec<T, N> r;
+  for (int i = 0; i < N; ++i) r[i] = min(a[i], b[i]);
+  return r;
+}
+template <class T, int N>
+inline vec<T, N> max(const vec<T, N>& a, const vec<T, N>& b) {
+  vec<T, N> r;
+  for (int i = 0; i < N; ++i) r[i] = max(a[i], b[i]);
+  return r;
+}
+template <class T, int N>
+inline T dot(const vec<T, N>& a, const vec<T, N>& b) {
+  T s = T(0);
+  for (int i = 0; i < N; ++i) s = static_cast<T>(s + a[i] * b[i]);
+  return s;
+}
+template <class To, class From>
+inline To as_type(const From& v) {
+  static_assert(sizeof(To) == sizeof(From), "as_type needs equal sizes");
+  return std::bit_cast<To>(v);
+}
+
+// Metal's precise:: and fast:: variants: the emulator computes both in float.
+namespace precise {
+using metal::cos;
+using metal::exp;
+using metal::exp2;
+using metal::log;
+using metal::log2;
+using metal::pow;
+using metal::rsqrt;
+using metal::sin;
+using metal::sqrt;
+using metal::tanh;
+}  // namespace precise
+namespace fast {
+using namespace metal::precise;
+}  // namespace fast
+
+// ---------------------------------------------------------------------------
+// Barriers.
+
+enum class mem_flags : int {
+  mem_none = 0,
+  mem_device = 1,
+  mem_threadgroup = 2,
+  mem_texture = 4,
+  mem_threadgroup_imageblock = 8,
+};
+inline mem_flags operator|(mem_flags a, mem_flags b) {
+  return static_cast<mem_flags>(static_cast<int>(a) | static_cast<int>(b));
+}
+
+inline void threadgroup_barrier(mem_flags = mem_flags::mem_none,
+                                std::source_location loc = std::source_location::current()) {
+  emu::barrier_wait(loc);
+}
+
+// ---------------------------------------------------------------------------
+// SIMD-group collectives over 32 lanes (only the active lanes take part).
+
+namespace detail {
+
+template <class T>
+inline T poisoned() {
+  T v;
+  std::memset(static_cast<void*>(&v), 0xFF, sizeof(T));
+  return v;
+}
+template <class T>
+inline const T& in(emu::SimdCall* c) {
+  return *static_cast<const T*>(c->in);
+}
+template <class T>
+inline T& out(emu::SimdCall* c) {
+  return *static_cast<T*>(c->out);
+}
+
+struct OpSum {
+  template <class T>
+  T operator()(const T& a, const T& b) const {
+    return static_cast<T>(a + b);
+  }
+};
+struct OpProduct {
+  template <class T>
+  T operator()(const T& a, const T& b) const {
+    return static_cast<T>(a * b);
+  }
+};
+struct OpMin {
+  template <class T>
+  T operator()(const T& a, const T& b) const {
+    return metal::min(a, b);
+  }
+};
+struct OpMax {
+  template <class T>
+  T operator()(const T& a, const T& b) const {
+    return metal::max(a, b);
+  }
+};
+struct OpAnd {
+  template <class T>
+  T operator()(const T& a, const T& b) const {
+    return static_cast<T>(a & b);
+  }
+};
+struct OpOr {
+  template <class T>
+  T operator()(const T& a, const T& b) const {
+    return static_cast<T>(a | b);
+  }
+};
+struct OpXor {
+  template <class T>
+  T operator()(const T& a, const T& b) const {
+    return static_cast<T>(a ^ b);
+  }
+};
+
+// Reduction over the active lanes, in lane order; everyone gets the result.
+template <class T, class Op>
+void apply_reduce(emu::SimdCall** lanes) {
+  T acc{};
+  bool any = false;
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i) {
+    if (!lanes[i]) continue;
+    acc = any ? Op{}(acc, in<T>(lanes[i])) : in<T>(lanes[i]);
+    any = true;
+  }
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i)
+    if (lanes[i]) out<T>(lanes[i]) = acc;
+}
+
+// Prefix scans over the active lanes in lane order.
+template <class T, class Op, bool Inclusive>
+void apply_scan(emu::SimdCall** lanes) {
+  T acc{};
+  bool any = false;
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i) {
+    if (!lanes[i]) continue;
+    const T v = in<T>(lanes[i]);
+    const T next = any ? Op{}(acc, v) : v;
+    if (Inclusive) {
+      out<T>(lanes[i]) = next;
+    } else {
+      out<T>(lanes[i]) = any ? acc : static_cast<T>(std::is_same_v<Op, OpProduct> ? 1 : 0);
+    }
+    acc = next;
+    any = true;
+  }
+}
+
+enum ShuffleKind { kIndex, kDown, kUp, kXor, kRotateDown, kRotateUp };
+
+// Each lane reads the value of a source lane; an inactive source yields
+// poison (the hardware result is undefined), a source beyond the simdgroup
+// keeps the lane's own value for the down/up shifts.
+template <class T, int Kind>
+void apply_shuffle(emu::SimdCall** lanes) {
+  constexpr int W = static_cast<int>(emu::kSimdWidth);
+  T result[W];
+  for (int i = 0; i < W; ++i) {
+    if (!lanes[i]) continue;
+    const int a = lanes[i]->arg;
+    int src = i;
+    switch (Kind) {
+      case kIndex: src = a; break;
+      case kDown: src = i + a < W ? i + a : i; break;
+      case kUp: src = i - a >= 0 ? i - a : i; break;
+      case kXor: src = (i ^ a) & (W - 1); break;
+      case kRotateDown: src = (i + a) % W; break;
+      case kRotateUp: src = ((i - a) % W + W) % W; break;
+    }
+    result[i] = (src >= 0 && src < W && lanes[src]) ? in<T>(lanes[src]) : poisoned<T>();
+  }
+  for (int i = 0; i < W; ++i)
+    if (lanes[i]) out<T>(lanes[i]) = result[i];
+}
+
+template <class T>
+void apply_broadcast_first(emu::SimdCall** lanes) {
+  const T* first = nullptr;
+  for (uint32_t i = 0; i < emu::kSimdWidth && !first; ++i)
+    if (lanes[i]) first = &in<T>(lanes[i]);
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i)
+    if (lanes[i]) out<T>(lanes[i]) = *first;
+}
+
+template <bool All>
+void apply_vote(emu::SimdCall** lanes) {
+  bool r = All;
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i)
+    if (lanes[i]) r = All ? (r && in<bool>(lanes[i])) : (r || in<bool>(lanes[i]));
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i)
+    if (lanes[i]) out<bool>(lanes[i]) = r;
+}
+
+inline void apply_is_first(emu::SimdCall** lanes) {
+  bool first = true;
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i) {
+    if (!lanes[i]) continue;
+    out<bool>(lanes[i]) = first;
+    first = false;
+  }
+}
+
+inline void apply_nothing(emu::SimdCall**) {}
+
+template <class T>
+inline T collective(const T& v, int32_t arg, emu::SimdApply apply,
+                    const std::source_location& loc) {
+  T result;
+  emu::SimdCall call{apply, &v, &result, arg, loc.file_name(), loc.line(), loc.column()};
+  emu::simd_wait(&call);
+  return result;
+}
+
+}  // namespace detail
+
+using SL = std::source_location;
+
+#define EMU_SIMD_REDUCE(name, Op)                                                        \
+  template <class T>                                                                     \
+  inline T name(T v, SL loc = SL::current()) {                                           \
+    return detail::collective(v, 0, &detail::apply_reduce<T, detail::Op>, loc);           \
+  }
+EMU_SIMD_REDUCE(simd_sum, OpSum)
+EMU_SIMD_REDUCE(simd_product, OpProduct)
+EMU_SIMD_REDUCE(simd_min, OpMin)
+EMU_SIMD_REDUCE(simd_max, OpMax)
+EMU_SIMD_REDUCE(simd_and, OpAnd)
+EMU_SIMD_REDUCE(simd_or, OpOr)
+EMU_SIMD_REDUCE(simd_xor, OpXor)
+#undef EMU_SIMD_REDUCE
+
+#define EMU_SIMD_SCAN(name, Op, Inclusive)                                                    \
+  template <class T>                                                                          \
+  inline T name(T v, SL loc = SL::current()) {                                                \
+    return detail::collective(v, 0, &detail::apply_scan<T, detail::Op, Inclusive>, loc);      \
+  }
+EMU_SIMD_SCAN(simd_prefix_inclusive_sum, OpSum, true)
+EMU_SIMD_SCAN(simd_prefix_exclusive_sum, OpSum, false)
+EMU_SIMD_SCAN(simd_prefix_inclusive_product, OpProduct, true)
+EMU_SIMD_SCAN(simd_prefix_exclusive_product, OpProduct, false)
+#undef EMU_SIMD_SCAN
+
+#define EMU_SIMD_SHUFFLE(name, Kind)                                                    \
+  template <class T>                                                                    \
+  inline T name(T v, ushort arg, SL loc = SL::current()) {                              \
+    return detail::collective(v, static_cast<int32_t>(arg),                             \
+                              &detail::apply_shuffle<T, detail::Kind>, loc);            \
+  }
+EMU_SIMD_SHUFFLE(simd_shuffle, kIndex)
+EMU_SIMD_SHUFFLE(simd_broadcast, kIndex)
+EMU_SIMD_SHUFFLE(simd_shuffle_down, kDown)
+EMU_SIMD_SHUFFLE(simd_shuffle_up, kUp)
+EMU_SIMD_SHUFFLE(simd_shuffle_xor, kXor)
+EMU_SIMD_SHUFFLE(simd_shuffle_rotate_down, kRotateDown)
+EMU_SIMD_SHUFFLE(simd_shuffle_rotate_up, kRotateUp)
+#undef EMU_SIMD_SHUFFLE
+
+template <class T>
+inline T simd_broadcast_first(T v, SL loc = SL::current()) {
+  return detail::collective(v, 0, &detail::apply_broadcast_first<T>, loc);
+}
+inline bool simd_all(bool v, SL loc = SL::current()) {
+  return detail::collective(v, 0, &detail::apply_vote<true>, loc);
+}
+inline bool simd_any(bool v, SL loc = SL::current()) {
+  return detail::collective(v, 0, &detail::apply_vote<false>, loc);
+}
+inline bool simd_is_first(SL loc = SL::current()) {
+  return detail::collective(false, 0, &detail::apply_is_first, loc);
+}
+inline void simdgroup_barrier(mem_flags = mem_flags::mem_none, SL loc = SL::current()) {
+  detail::collective(false, 0, &detail::apply_nothing, loc);
+}
+
+#define EMU_VEC_ALIASES(name) \
+  using ::name##2;            \
+  using ::name##3;            \
+  using ::name##4;
+EMU_VEC_ALIASES(float)
+EMU_VEC_ALIASES(half)
+EMU_VEC_ALIASES(bfloat)
+EMU_VEC_ALIASES(int)
+EMU_VEC_ALIASES(uint)
+EMU_VEC_ALIASES(short)
+EMU_VEC_ALIASES(ushort)
+EMU_VEC_ALIASES(char)
+EMU_VEC_ALIASES(uchar)
+EMU_VEC_ALIASES(long)
+EMU_VEC_ALIASES(bool)
+#undef EMU_VEC_ALIASES
+
+}  // namespace metal
+
+#define HALF_MAX 65504.0f
+#define HALF_MIN 6.103515625e-05f
+#define MAXHALF HALF_MAX
+
+// ---------------------------------------------------------------------------
+// Address spaces: after the rewrite they only qualify pointers and references.
+#define device
+#define constant
+#define thread
+#define threadgroup
