@@ -14,6 +14,11 @@ from opforge.bench.results import OK, RunResult, SuiteResult
 from opforge.bench.spec import CPU, shape_label
 
 
+#: One color per implementation, the same in every panel and every plot.
+COLORS = {"opforge": "tab:blue", "torch": "tab:orange", "torch.compile": "tab:green", "liger": "tab:red",
+          "torch-cpu": "tab:gray"}
+
+
 def plot_paths(path: str | Path, suites: list[str]) -> dict[str, Path]:
     """Where each suite's plot goes: ``path`` itself for one suite, else ``<stem>-<suite><ext>``.
 
@@ -58,7 +63,8 @@ def _figure(suite: SuiteResult, device: str):  # type: ignore[no-untyped-def]
                 ys.append(float("nan") if v is None else v)
             if all(math.isnan(y) for y in ys):
                 continue
-            ax.plot(range(len(cases)), ys, marker="o", label=impl, linewidth=2.2 if impl == "opforge" else 1.2)
+            ax.plot(range(len(cases)), ys, marker="o", label=impl, color=COLORS.get(impl),
+                    linewidth=2.2 if impl == "opforge" else 1.2)
         ax.set_title(f"{op} {dtype}", fontsize=10)
         ax.set_xticks(range(len(cases)))
         ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=7)
@@ -67,7 +73,7 @@ def _figure(suite: SuiteResult, device: str):  # type: ignore[no-untyped-def]
             ax.set_ylabel("wall time per call (us)", fontsize=8)
         else:
             ax.set_ylabel("% of copy bandwidth", fontsize=8)
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(0, max(105.0, ax.get_ylim()[1]))
             ax.axhline(100, color="grey", linewidth=0.6, linestyle=":")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
