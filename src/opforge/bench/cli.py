@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _list(out=sys.stdout) -> None:  # type: ignore[no-untyped-def]
+def _list() -> None:
+    out = sys.stdout
     print("suites:", file=out)
     for name in suite_names():
         s = get_suite(name)

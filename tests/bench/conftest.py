@@ -1,0 +1,36 @@
+"""Fixtures for the benchmark-harness tests: tiny timings, a scratch registry entry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opforge.bench.timing import TimingConfig
+
+
+@pytest.fixture
+def tiny_timing() -> TimingConfig:
+    """As few timed calls as still exercise every code path."""
+    return TimingConfig(
+        warmup=1, gpu_reps_min=2, gpu_reps_max=2, wall_loops=1, wall_calls_min=2, wall_calls_max=2,
+        cpu_reps_min=1, cpu_reps_max=2, copy_mib_cpu=4, rotate_max_buffers=2,
+    )
+
+
+@pytest.fixture
+def cpu() -> torch.device:
+    return torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _restore_registry():
+    """Ops and suites a test registers vanish after it."""
+    from opforge.bench import spec
+
+    spec.op_names()  # make sure the built-ins are in before the snapshot
+    ops, suites = dict(spec._OPS), dict(spec._SUITES)
+    yield
+    spec._OPS.clear()
+    spec._OPS.update(ops)
+    spec._SUITES.clear()
+    spec._SUITES.update(suites)
