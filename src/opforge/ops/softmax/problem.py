@@ -1,0 +1,100 @@
+"""Validation of softmax / log_softmax arguments, and the problem description variants see."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ...runtime.errors import check_float_tensor
+from ..norm.rows import Rows, as_rows
+
+HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16)
+OPS = ("softmax", "log_softmax")
+
+#: At most this many rows counts as "few": a long row is then split across several programs
+#: (the ``split`` variant) so the whole GPU works on it; more rows keep one program per row.
+FEW_ROWS = 96
+
+
+@dataclass(frozen=True)
+class SoftmaxProblem:
+    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+
+    op: str
+    dtype: torch.dtype
+    n: int
+    rows: int
+    device_type: str
+
+    @property
+    def few_rows(self) -> bool:
+        return self.rows <= FEW_ROWS
+
+    @property
+    def key(self) -> tuple:
+        return (self.dtype, self.n, self.few_rows)
+
+    @property
+    def is_log(self) -> bool:
+        return self.op == "log_softmax"
+
+    def describe(self) -> str:
+        return f"x {str(self.dtype).replace('torch.', '')} ({self.rows} rows x N={self.n}) {self.device_type}"
+
+
+@dataclass
+class SoftmaxCall:
+    """A validated call: the problem, the rows the kernel reads, and how to give the result x's shape.
+
+    ``shape`` is the shape of the (possibly dim-moved) tensor the kernels see, with the softmax
+    dimension last; ``dim`` is where that dimension goes back to in the result (or None when it
+    already was the last one).
+    """
+
+    problem: SoftmaxProblem
+    x: Rows
+    shape: torch.Size
+    dim: Optional[int]
+    note: str
+    scalar: bool = False
+
+    def finish(self, y: torch.Tensor) -> torch.Tensor:
+        """Give a packed result of ``shape`` the caller's shape (dim moved back, 0-d restored)."""
+        if self.scalar:
+            return y.reshape(())
+        return y if self.dim is None else y.movedim(-1, self.dim)
+
+
+def check_dim(dim: object, ndim: int) -> int:
+    """Return ``dim`` as a non-negative index into a tensor of ``ndim`` dims (a 0-d tensor has one slot)."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    slots = max(ndim, 1)
+    if not -slots <= dim < slots:
+        raise IndexError(f"dim must be in [{-slots}, {slots - 1}] for a {ndim}-d x, got {dim}")
+    return dim % slots
+
+
+def prepare(op: str, x: torch.Tensor, dim: object) -> SoftmaxCall:
+    """Check every argument (raising before anything is written) and describe the call."""
+    check_float_tensor("x", x)
+    d = check_dim(dim, x.dim())
+    moved_dim = None
+    note = ""
+    scalar = x.dim() == 0
+    if scalar:
+        x = x.reshape(1)
+    elif d != x.dim() - 1:
+        x = x.movedim(d, -1)
+        moved_dim = d
+    n = x.shape[-1]
+    rows = x.numel() // n if n else 0
+    problem = SoftmaxProblem(op, x.dtype, n, rows, x.device.type)
+    if rows == 0:
+        return SoftmaxCall(problem, Rows(x, 1, 0, 0, ""), x.shape, moved_dim, "", scalar)
+    r = as_rows(x, "x")
+    if r.copied:
+        note = f"x copied: softmax over dim {d}, which is not the last dimension" if moved_dim is not None \
+            else r.copied
+    return SoftmaxCall(problem, r, x.shape, moved_dim, note, scalar)

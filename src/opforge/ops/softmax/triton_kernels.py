@@ -1,0 +1,329 @@
+"""Triton kernels for softmax and log_softmax over the last dimension.
+
+Four variants, chosen by the row length N and the number of rows:
+
+* ``multirow`` (N <= 1024): a program takes a tile of BLOCK_M rows, so narrow rows (N = 128)
+  still give each program enough bytes in flight. One read, one write.
+* ``row`` (N up to ``ROW_MAX_N``): one program per row, the row held in registers: max,
+  exponentials, sum and the scaled store all from one read.
+* ``split`` (few rows, N beyond ``ROW_MAX_N``): each row is cut into segments handled by
+  separate programs, so a single long row (a vocabulary of 262144 logits) still spreads over
+  the whole GPU. A first kernel writes each segment's (max, sum of exp) to a small workspace;
+  a second merges its row's partials and writes its segment. The segments are re-read from L2
+  at these sizes.
+* ``looped`` (any N): a persistent grid; each program walks its rows in chunks. The first walk
+  keeps, per lane, a running maximum and a running sum rescaled to it (an online softmax: one
+  exponential per element, never overflowing); the lanes are merged at the end of the row. The
+  second walk goes backwards, so the chunks read last by the first walk, still in L2, come first.
+
+All accumulate in float32 and subtract the row maximum before exponentiating. Rows are
+addressed as ``(r // inner) * stride_outer + (r % inner) * stride_inner`` so strided views run
+in place; outputs are packed. An all ``-inf`` row gives NaN, as ``torch.softmax`` does.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...runtime import alloc
+from ...runtime.backends import triton_interpreting
+from ...runtime.launch import TritonLauncher
+from .problem import HALF_AND_SINGLE, SoftmaxCall, SoftmaxProblem
+
+MULTIROW_MAX_N = 1024
+TILE_ELEMENTS = 4096                  # elements a multirow program holds (BLOCK_M * BLOCK_N)
+ROW_MAX_N = {2: 32768, 4: 16384}      # per element size: widest row kept whole in registers
+LOOP_CHUNK = {2: 8192, 4: 4096}       # elements per step of the looped walk
+LOOP_CTAS_PER_SM = 2                  # persistent grid of the looped variant: programs per SM
+SPLIT_CHUNK = 2048                    # elements per step of a split segment
+SPLIT_PROGRAMS_PER_SM = 4             # how many segment programs the split variant aims for
+MAX_SPLITS = 1024
+MAX_N = 2**31 - 1
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _row_base(row, inner, stride_outer, stride_inner):
+    """Element offset of row ``row`` (int32): divided in 32 bits, addressed in 64."""
+    return (row // inner).to(tl.int64) * stride_outer + (row % inner).to(tl.int64) * stride_inner
+
+
+@triton.jit
+def _tile_kernel(x_ptr, y_ptr, rows, n, x_inner, x_so, x_si,
+                 LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (row < rows)[:, None] & (cols < n)[None, :]
+    x_off = _row_base(row, x_inner, x_so, x_si)
+    v = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+    shifted = v - tl.max(v, axis=1)[:, None]
+    e = tl.exp2(shifted * 1.4426950408889634)
+    total = tl.sum(e, axis=1)
+    if LOG:
+        y = shifted - tl.log(total)[:, None]
+    else:
+        y = e * (1.0 / total)[:, None]
+    y_off = row.to(tl.int64) * n
+    tl.store(y_ptr + y_off[:, None] + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _online_stats(x_row, start, end, CHUNK: tl.constexpr, HINTS: tl.constexpr):
+    """(max, sum of exp(x - max)) of x_row[start:end], walked in CHUNK steps.
+
+    Each lane keeps its own maximum m and a sum s scaled to it. A new value v either raises m
+    (s becomes s * exp(m - v) + 1) or not (s grows by exp(v - m)): exp(-|v - m|) serves both,
+    so one exponential per element. Lanes that saw only -inf keep m = -inf, s = 0.
+    """
+    cols = tl.arange(0, CHUNK)
+    m_vec = tl.full([CHUNK], float("-inf"), tl.float32)
+    s_vec = tl.zeros([CHUNK], tl.float32)
+    for off in range(start, end, CHUNK):
+        c = off + cols
+        if HINTS:
+            v = tl.load(x_row + c, mask=c < end, other=float("-inf"), eviction_policy="evict_last")
+        else:
+            v = tl.load(x_row + c, mask=c < end, other=float("-inf"))
+        v = v.to(tl.float32)
+        m_new = tl.maximum(m_vec, v, propagate_nan=tl.PropagateNan.ALL)  # a NaN poisons its lane's sum
+        gap = tl.where(m_new == float("-inf"), float("-inf"), -tl.abs(v - m_vec))
+        t = tl.exp2(gap * 1.4426950408889634)
+        s_vec = tl.where(v > m_vec, s_vec * t + 1.0, s_vec + t)
+        m_vec = m_new
+    m = tl.max(m_vec, axis=0)
+    scaled = tl.where(m_vec == float("-inf"), 0.0, s_vec * tl.exp2((m_vec - m) * 1.4426950408889634))
+    return m, tl.sum(scaled, axis=0)
+
+
+@triton.jit
+def _write_segment(x_row, y_row, start, end, m, total, LOG: tl.constexpr, CHUNK: tl.constexpr,
+                   REVERSE: tl.constexpr, HINTS: tl.constexpr):
+    """y_row[start:end] = softmax (or log_softmax) of x_row[start:end] given the row's max and sum."""
+    cols = tl.arange(0, CHUNK)
+    steps = tl.cdiv(end - start, CHUNK)
+    inv = 1.0 / total
+    log_total = tl.log(total)
+    for i in range(0, steps):
+        if REVERSE:
+            off = start + (steps - 1 - i) * CHUNK
+        else:
+            off = start + i * CHUNK
+        c = off + cols
+        ok = c < end
+        if HINTS:
+            v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
+        else:
+            v = tl.load(x_row + c, mask=ok, other=0.0)
+        shifted = v.to(tl.float32) - m
+        if LOG:
+            y = shifted - log_total
+        else:
+            y = tl.exp2(shifted * 1.4426950408889634) * inv
+        tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _looped_kernel(x_ptr, y_ptr, rows, n, x_inner, x_so, x_si,
+                   LOG: tl.constexpr, CHUNK: tl.constexpr, HINTS: tl.constexpr):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    for i in range(0, tl.cdiv(rows - pid, programs)):
+        row = pid + i * programs
+        x_row = x_ptr + _row_base(row, x_inner, x_so, x_si)
+        y_row = y_ptr + row.to(tl.int64) * n
+        m, total = _online_stats(x_row, 0, n, CHUNK, HINTS)
+        _write_segment(x_row, y_row, 0, n, m, total, LOG, CHUNK, True, HINTS)
+
+
+@triton.jit
+def _split_stats_kernel(x_ptr, ws_ptr, n, splits, seg, x_inner, x_so, x_si, CHUNK: tl.constexpr):
+    pid = tl.program_id(0)
+    row = pid // splits
+    start = (pid % splits) * seg
+    x_row = x_ptr + _row_base(row, x_inner, x_so, x_si)
+    m, total = _online_stats(x_row, start, tl.minimum(start + seg, n), CHUNK, False)
+    tl.store(ws_ptr + pid * 2, m)
+    tl.store(ws_ptr + pid * 2 + 1, total)
+
+
+@triton.jit
+def _split_apply_kernel(x_ptr, y_ptr, ws_ptr, n, splits, seg, x_inner, x_so, x_si,
+                        LOG: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr):
+    pid = tl.program_id(0)
+    row = pid // splits
+    start = (pid % splits) * seg
+    parts = tl.arange(0, SPLITS)
+    ok = parts < splits
+    part_ptr = ws_ptr + (row * splits + parts) * 2
+    part_m = tl.load(part_ptr, mask=ok, other=float("-inf"))
+    part_s = tl.load(part_ptr + 1, mask=ok, other=0.0)
+    m = tl.max(part_m, axis=0)
+    total = tl.sum(tl.where(part_m == float("-inf"), 0.0, part_s * tl.exp2((part_m - m) * 1.4426950408889634)),
+                   axis=0)
+    x_row = x_ptr + _row_base(row, x_inner, x_so, x_si)
+    y_row = y_ptr + row.to(tl.int64) * n
+    _write_segment(x_row, y_row, start, tl.minimum(start + seg, n), m, total, LOG, CHUNK, False, False)
+
+
+_tile = TritonLauncher(_tile_kernel)
+_looped = TritonLauncher(_looped_kernel)
+_split_stats = TritonLauncher(_split_stats_kernel)
+_split_apply = TritonLauncher(_split_apply_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: Optional[int]) -> int:
+    """Multiprocessors of a CUDA device; a small stand-in under the interpreter (CPU tensors)."""
+    if device_index is None or not torch.cuda.is_available():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sms(x: torch.Tensor) -> int:
+    return sm_count(x.device.index if x.device.type == "cuda" else None)
+
+
+@functools.lru_cache(maxsize=None)
+def multirow_config(n: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows."""
+    block_n = triton.next_power_of_2(n)
+    block_m = max(1, min(128, TILE_ELEMENTS // block_n))
+    return block_m, block_n, 4 if block_m * block_n <= 2048 else 8
+
+
+@functools.lru_cache(maxsize=None)
+def row_config(n: int) -> tuple[int, int, int]:
+    """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers."""
+    block_n = triton.next_power_of_2(n)
+    return 1, block_n, max(4, min(32, block_n // 512))
+
+
+@functools.lru_cache(maxsize=None)
+def looped_config(elem_size: int) -> tuple[int, int]:
+    """(CHUNK, num_warps) for the looped variant: 16 elements per thread per step."""
+    chunk = LOOP_CHUNK[elem_size]
+    return chunk, max(4, min(32, chunk // 512))
+
+
+def split_config(rows: int, n: int, sms: int, chunk: int = SPLIT_CHUNK) -> tuple[int, int]:
+    """(splits, seg): segments per row and their length (a multiple of ``chunk``)."""
+    want = max(1, -(-SPLIT_PROGRAMS_PER_SM * sms // rows))
+    splits = max(1, min(want, MAX_SPLITS, triton.cdiv(n, chunk)))
+    seg = triton.cdiv(triton.cdiv(n, splits), chunk) * chunk
+    return triton.cdiv(n, seg), seg
+
+
+def _x_args(call: SoftmaxCall) -> tuple:
+    """The x tensor and its row addressing, normalized so packed rows need no division."""
+    x = call.x
+    if call.problem.rows == 1:
+        return x.tensor, 1, 0, 0
+    if x.stride_outer == 0:  # one stride: row r starts at r * stride_inner
+        return x.tensor, 1, x.stride_inner, 0
+    return x.tensor, x.inner, x.stride_outer, x.stride_inner
+
+
+def _output(call: SoftmaxCall) -> torch.Tensor:
+    x = call.x.tensor
+    return alloc.empty(call.shape, x.dtype, x.device)
+
+
+def launch_tile(call: SoftmaxCall, block_m: int, block_n: int, num_warps: int) -> torch.Tensor:
+    """Run the register-held kernel with BLOCK_M rows of BLOCK_N (>= N) columns per program."""
+    p = call.problem
+    y = _output(call)
+    x, inner, so, si = _x_args(call)
+    _tile((triton.cdiv(p.rows, block_m),), (x, y, p.rows, p.n, inner, so, si, p.is_log, block_m, block_n),
+          num_warps=num_warps)
+    return call.finish(y)
+
+
+def launch_multirow(call: SoftmaxCall) -> torch.Tensor:
+    return launch_tile(call, *multirow_config(call.problem.n))
+
+
+def launch_row(call: SoftmaxCall) -> torch.Tensor:
+    return launch_tile(call, *row_config(call.problem.n))
+
+
+def launch_looped(call: SoftmaxCall, chunk: Optional[int] = None, num_warps: Optional[int] = None,
+                  ctas_per_sm: Optional[int] = None, hints: bool = True) -> torch.Tensor:
+    """Run the looped variant; the keyword arguments override its configuration (for tuning)."""
+    p = call.problem
+    y = _output(call)
+    x, inner, so, si = _x_args(call)
+    default_chunk, default_warps = looped_config(x.element_size())
+    chunk = chunk or min(default_chunk, max(16, triton.next_power_of_2(p.n)))
+    num_warps = num_warps or min(default_warps, max(1, chunk // 256))
+    programs = min(p.rows, _sms(x) * (ctas_per_sm or LOOP_CTAS_PER_SM))
+    _looped((programs,), (x, y, p.rows, p.n, inner, so, si, p.is_log, chunk, hints and not triton_interpreting()),
+            num_warps=num_warps)
+    return call.finish(y)
+
+
+def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optional[int] = None,
+                 splits: Optional[int] = None) -> torch.Tensor:
+    """Run the two-kernel split variant; the keyword arguments override its configuration."""
+    p = call.problem
+    y = _output(call)
+    x, inner, so, si = _x_args(call)
+    if splits is None:
+        splits, seg = split_config(p.rows, p.n, _sms(x), chunk)
+    else:
+        seg = triton.cdiv(triton.cdiv(p.n, splits), chunk) * chunk
+        splits = triton.cdiv(p.n, seg)
+    num_warps = num_warps or max(1, min(8, chunk // 512))
+    ws = torch.empty(p.rows * splits * 2, dtype=torch.float32, device=x.device)
+    grid = (p.rows * splits,)
+    _split_stats(grid, (x, ws, p.n, splits, seg, inner, so, si, chunk), num_warps=num_warps)
+    _split_apply(grid, (x, y, ws, p.n, splits, seg, inner, so, si, p.is_log, chunk,
+                        max(2, triton.next_power_of_2(splits))), num_warps=num_warps)
+    return call.finish(y)
+
+
+def _dtype_reason(p: SoftmaxProblem) -> Optional[str]:
+    if p.dtype not in HALF_AND_SINGLE:
+        return f"x is {str(p.dtype).replace('torch.', '')}; triton kernels take float32, float16 or bfloat16 " \
+               "(float64 runs on the torch path)"
+    if p.n > MAX_N or p.rows > MAX_N:
+        return f"{p.rows} rows x N={p.n}: rows and N must each be below 2**31"
+    return None
+
+
+def supports_multirow(p: SoftmaxProblem) -> Optional[str]:
+    return _dtype_reason(p) or (None if p.n <= MULTIROW_MAX_N else f"N={p.n} > {MULTIROW_MAX_N}")
+
+
+def supports_row(p: SoftmaxProblem) -> Optional[str]:
+    reason = _dtype_reason(p)
+    if reason:
+        return reason
+    limit = ROW_MAX_N[p.dtype.itemsize]
+    return None if p.n <= limit else f"N={p.n} > {limit}: a row this wide would spill registers"
+
+
+def supports_split(p: SoftmaxProblem) -> Optional[str]:
+    reason = _dtype_reason(p)
+    if reason:
+        return reason
+    if not p.few_rows:
+        return f"{p.rows} rows are enough to keep the GPU busy with one program per row"
+    limit = ROW_MAX_N[p.dtype.itemsize]
+    return None if p.n > limit else f"N={p.n} <= {limit}: a row fits one program"
+
+
+def supports_looped(p: SoftmaxProblem) -> Optional[str]:
+    return _dtype_reason(p)
+
+
+VARIANTS = (
+    ("multirow", supports_multirow, launch_multirow, "several narrow rows per program, held in registers"),
+    ("row", supports_row, launch_row, "one row per program, held in registers"),
+    ("split", supports_split, launch_split, "few long rows: segments in parallel, partials merged"),
+    ("looped", supports_looped, launch_looped, "online max and sum, rows walked in chunks (any N)"),
+)
