@@ -1,0 +1,161 @@
+"""Metal kernels for the normalizations: launch wrappers and the ``metal`` variants.
+
+The kernels are in ``norm.metal`` next to this file. Three variants, chosen by the row
+length N (the same names as the Triton variants, so traces read alike):
+
+* ``multirow`` (N <= 256): one simdgroup per row, eight rows per threadgroup, the row in
+  registers; reductions are ``simd_sum`` only, with no threadgroup memory or barriers.
+* ``row`` (N <= 4096): one threadgroup per row, four elements per thread in registers;
+  ``simd_sum`` then threadgroup memory across simdgroups.
+* ``looped`` (any N): one threadgroup per row that sweeps the row three times.
+
+On MPS tensors the kernels run through ``torch.mps.compile_shader``; on CPU tensors, with
+``OPFORGE_METAL_EMULATE=1``, through the MSL emulator of the tests (see
+``opforge.runtime.metal``). Kernels bind tensors with no dtype or layout check, so the
+launcher checks every tensor it binds. Importing this module registers the variants.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ...runtime import alloc, registry
+from ...runtime import metal as metal_runtime
+from ...runtime.registry import Variant
+from .problem import HALF_AND_SINGLE, OPS, NormCall, NormProblem
+
+SOURCE = Path(__file__).with_name("norm.metal")
+SIMD_WIDTH = 32
+MULTIROW_MAX_N = 8 * SIMD_WIDTH      # kSimdReads * 32 in norm.metal
+MULTIROW_ROWS_PER_GROUP = 8
+ROW_READS = 4                        # kRowReads in norm.metal
+MAX_GROUP = 1024
+ROW_MAX_N = ROW_READS * MAX_GROUP
+MAX_THREADS_PER_LAUNCH = 1 << 30     # grids stay well inside 32-bit thread positions
+
+TYPE_NAMES = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+
+
+def _round_up(v: int, m: int) -> int:
+    return (v + m - 1) // m * m
+
+
+def kernel_name(op: str, variant: str, dtype: torch.dtype, weight_dtype: torch.dtype) -> str:
+    """The MSL function for (op, variant, x dtype, weight/bias dtype), e.g. ``rms_norm_row_half_float``."""
+    return f"{op}_{variant}_{TYPE_NAMES[dtype]}_{TYPE_NAMES[weight_dtype]}"
+
+
+def group_config(variant: str, n: int, rows: int, max_threads: int = MAX_GROUP) -> tuple[int, int]:
+    """(threads per threadgroup, rows per threadgroup) for a variant at row length ``n``."""
+    if variant == "multirow":
+        per_group = max(1, min(MULTIROW_ROWS_PER_GROUP, rows, max_threads // SIMD_WIDTH))
+        return SIMD_WIDTH * per_group, per_group
+    want = max(SIMD_WIDTH, _round_up(-(-n // ROW_READS), SIMD_WIDTH))
+    if variant == "row":
+        if want > max_threads:
+            raise RuntimeError(f"metal.row needs {want} threads per threadgroup for N={n}, "
+                               f"but this pipeline allows {max_threads}")
+        return want, 1
+    return min(want, MAX_GROUP, max_threads // SIMD_WIDTH * SIMD_WIDTH), 1
+
+
+def _weight_dtype(call: NormCall) -> torch.dtype:
+    """x's dtype when every affine tensor has it, else float32 (the others are converted)."""
+    dtype = call.problem.dtype
+    given = [t for t in (call.weight, call.bias) if t is not None]
+    return dtype if all(t.dtype == dtype for t in given) else torch.float32
+
+
+def _checked(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Kernels bind raw storage: refuse a tensor whose dtype, device or last stride is wrong."""
+    if t.dtype != dtype or t.device != device or (t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1):
+        raise RuntimeError(f"metal launcher: {name} must be {dtype} on {device} with a contiguous last "
+                           f"dimension, got {t.dtype} on {t.device} with strides {t.stride()}")
+    return t
+
+
+def _launch(call: NormCall, variant: str) -> Any:
+    p = call.problem
+    x_rows = call.x
+    r_rows = call.residual if call.residual is not None else call.x
+    device = x_rows.tensor.device
+    x = _checked("x", x_rows.tensor, p.dtype, device)
+    r = _checked("residual", r_rows.tensor, p.dtype, device)
+    y = alloc.empty(call.shape, p.dtype, device)
+    s = alloc.empty(call.shape, p.dtype, device) if p.has_residual else None
+    w_dtype = _weight_dtype(call)
+    w = None if call.weight is None else _checked("weight", call.weight.to(w_dtype), w_dtype, device)
+    b = None if call.bias is None else _checked("bias", call.bias.to(w_dtype), w_dtype, device)
+    fn = metal_runtime.kernel(SOURCE, kernel_name(p.op, variant, p.dtype, w_dtype), device.type)
+    max_threads = int(getattr(fn, "max_threads_per_threadgroup", MAX_GROUP) or MAX_GROUP)
+    group, rows_per_group = group_config(variant, p.n, p.rows, max_threads)
+    flags = (1 if w is not None else 0) | (2 if b is not None else 0)
+    dummy = y  # bound where a kernel reads nothing (no weight, no bias, no residual output)
+    rows_per_launch = MAX_THREADS_PER_LAUNCH // group * rows_per_group
+    for base in range(0, p.rows, rows_per_launch):
+        groups = -(-min(rows_per_launch, p.rows - base) // rows_per_group)
+        fn(x, r, dummy if w is None else w, dummy if b is None else b, y, dummy if s is None else s,
+           p.rows, p.n, x_rows.inner, x_rows.stride_outer, x_rows.stride_inner,
+           r_rows.inner, r_rows.stride_outer, r_rows.stride_inner, flags, float(call.eps), base,
+           threads=groups * group, group_size=group)
+    return (y, s) if s is not None else y
+
+
+def launch_multirow(call: NormCall) -> Any:
+    return _launch(call, "multirow")
+
+
+def launch_row(call: NormCall) -> Any:
+    return _launch(call, "row")
+
+
+def launch_looped(call: NormCall) -> Any:
+    return _launch(call, "looped")
+
+
+def _dtype_reason(p: NormProblem) -> Optional[str]:
+    if p.dtype not in HALF_AND_SINGLE:
+        return (f"x is {str(p.dtype).replace('torch.', '')}; metal kernels take float32, float16 or "
+                "bfloat16 (float64 runs on the torch path)")
+    if p.dtype == torch.bfloat16 and p.device_type == "mps" and not _has_bfloat_kernels():
+        return "this Mac's Metal has no bfloat (needs Metal 3.1: macOS 14 or later)"
+    return None
+
+
+def _has_bfloat_kernels() -> bool:
+    lib = metal_runtime.library(SOURCE, "mps")
+    return hasattr(lib, kernel_name("layer_norm", "looped", torch.bfloat16, torch.bfloat16))
+
+
+def supports_multirow(p: NormProblem) -> Optional[str]:
+    return _dtype_reason(p) or (None if p.n <= MULTIROW_MAX_N else f"N={p.n} > {MULTIROW_MAX_N}")
+
+
+def supports_row(p: NormProblem) -> Optional[str]:
+    return _dtype_reason(p) or (None if p.n <= ROW_MAX_N else
+                                f"N={p.n} > {ROW_MAX_N}: {ROW_READS} elements per thread x {MAX_GROUP} threads")
+
+
+def supports_looped(p: NormProblem) -> Optional[str]:
+    return _dtype_reason(p)
+
+
+VARIANTS = (
+    ("multirow", supports_multirow, launch_multirow, "one simdgroup per row, several rows per threadgroup"),
+    ("row", supports_row, launch_row, "one threadgroup per row, held in registers"),
+    ("looped", supports_looped, launch_looped, "one threadgroup per row, three sweeps (any N)"),
+)
+
+
+def register() -> None:
+    """Register the metal variants of every norm op (idempotent)."""
+    for op in OPS:
+        if any(v.backend == "metal" for v in registry.variants(op)):
+            continue
+        for name, supports, launch, summary in VARIANTS:
+            registry.register(Variant(op, "metal", name, supports, launch, summary))
+
+
+register()

@@ -1,0 +1,139 @@
+"""Metal shader libraries: each ``.metal`` source is compiled once per process.
+
+On MPS tensors a source goes through ``torch.mps.compile_shader`` (torch >= 2.7); its kernels
+are called as ``lib.kernel_name(*args, threads=..., group_size=...)``, where positional
+argument i binds to ``[[buffer(i)]]``, a Python int is passed as a 64-bit integer and a float
+as a 32-bit float, and a tensor is bound at its storage offset with no dtype or layout check
+(launchers check those). Compile errors surface as ``SyntaxError``.
+
+With ``OPFORGE_METAL_EMULATE=1`` the same sources run on CPU tensors in the MSL emulator,
+which lives with the tests (``tests/metal_emu``), not in the installed package. It is found,
+in this order:
+
+1. an emulator installed with ``set_emulator(compile_fn)`` (the tests' conftest does this);
+2. the folder named by ``OPFORGE_METAL_EMULATOR`` (a path to a ``metal_emu`` folder);
+3. ``tests/metal_emu`` of the source checkout this package runs from (``pip install -e``),
+   which is how ``opforge verify`` finds it.
+
+``compile_fn(source, filename)`` must return an object with the same calling convention as
+``torch.mps.compile_shader``'s libraries.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Optional
+
+import torch
+
+from .backends import metal_emulating
+
+CompileFn = Callable[[str, str], Any]
+
+_emulator: Optional[CompileFn] = None
+_libraries: dict[tuple[str, str], Any] = {}
+_lock = threading.Lock()
+
+
+def set_emulator(compile_fn: Optional[CompileFn]) -> None:
+    """Install (or, with None, remove) the function that builds sources for the CPU emulator."""
+    global _emulator
+    _emulator = compile_fn
+    with _lock:
+        for key in [k for k in _libraries if k[1] == "emulated"]:
+            del _libraries[key]
+
+
+def _checkout_emulator_dir() -> Optional[Path]:
+    env = os.environ.get("OPFORGE_METAL_EMULATOR")
+    if env:
+        return Path(env)
+    # src/opforge/runtime/metal.py -> the repository root is three folders above "opforge"
+    candidate = Path(__file__).resolve().parents[3] / "tests" / "metal_emu"
+    return candidate if (candidate / "__init__.py").is_file() else None
+
+
+def _load_emulator_module(folder: Path) -> ModuleType:
+    if "metal_emu" in sys.modules:
+        return sys.modules["metal_emu"]
+    spec = importlib.util.spec_from_file_location(
+        "metal_emu", folder / "__init__.py", submodule_search_locations=[str(folder)])
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load the Metal emulator from {folder}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["metal_emu"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["metal_emu"]
+        raise
+    return module
+
+
+def emulator() -> CompileFn:
+    """The emulator's compile function; ``RuntimeError`` saying why if there is none."""
+    if _emulator is not None:
+        return _emulator
+    reason = emulator_unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
+    folder = _checkout_emulator_dir()
+    assert folder is not None
+    return _load_emulator_module(folder).compile_shader
+
+
+def emulator_unavailable_reason() -> Optional[str]:
+    """Why the CPU emulator cannot run here (no emulator found, no g++), or None if it can."""
+    if _emulator is not None:
+        return None
+    folder = _checkout_emulator_dir()
+    if folder is None or not (folder / "__init__.py").is_file():
+        return ("the Metal emulator was not found: it lives in tests/metal_emu of a source checkout "
+                "(install opforge with pip install -e, or set OPFORGE_METAL_EMULATOR to that folder)")
+    try:
+        module = _load_emulator_module(folder)
+    except Exception as exc:  # a broken checkout: say so instead of failing later
+        return f"the Metal emulator in {folder} failed to load: {exc}"
+    if not module.available():
+        return "the Metal emulator needs a C++20 compiler (g++) on PATH"
+    return None
+
+
+def library(path: Path, device_type: str) -> Any:
+    """The compiled library of the ``.metal`` file at ``path``, for ``device_type`` tensors.
+
+    ``device_type`` is ``"mps"`` (``torch.mps.compile_shader``) or ``"cpu"`` (the emulator,
+    only while ``OPFORGE_METAL_EMULATE=1``). Compiled once per process and mode.
+    """
+    mode = "emulated" if device_type == "cpu" else "mps"
+    key = (str(path), mode)
+    lib = _libraries.get(key)
+    if lib is not None:
+        return lib
+    if mode == "emulated" and not metal_emulating():
+        raise RuntimeError("Metal kernels run on CPU tensors only with OPFORGE_METAL_EMULATE=1")
+    if mode == "mps" and device_type != "mps":
+        raise RuntimeError(f"Metal kernels do not run on {device_type} tensors")
+    source = Path(path).read_text()
+    with _lock:
+        lib = _libraries.get(key)
+        if lib is None:
+            if mode == "emulated":
+                lib = emulator()(source, Path(path).name)
+            else:
+                lib = torch.mps.compile_shader(source)
+            _libraries[key] = lib
+    return lib
+
+
+def kernel(path: Path, name: str, device_type: str) -> Any:
+    """One kernel of ``library(path, device_type)``; ``RuntimeError`` if it has none of that name."""
+    lib = library(path, device_type)
+    try:
+        return getattr(lib, name)
+    except AttributeError:
+        raise RuntimeError(f"{Path(path).name} has no kernel {name!r}") from None
