@@ -30,13 +30,17 @@ Row = Sequence[str]
 def suite_rows(suite: SuiteResult) -> tuple[list[str], list[list[str]]]:
     """Columns and rows of a suite's main table (one row per case)."""
     impls = ordered_impls(suite)
-    cols = ["op", "shape", "dtype"] + impls + ["opforge vs fastest peer"]
+    gbps = suite.metric == "gpu_us"
+    cols = ["op", "shape", "dtype"] + impls + (["opforge GB/s"] if gbps else []) + ["opforge vs fastest peer"]
     has_cpu = CPU in impls
     if has_cpu:
         cols.append("opforge vs CPU")
     rows = []
     for c in suite.cases:
         row = [c.op, shape_label(c.shape), c.dtype] + [cell(c, i, suite.metric) for i in impls]
+        if gbps:
+            mine = c.results.get(OPFORGE)
+            row.append(f"{mine.gbps:.0f}" if mine is not None and mine.ok and mine.gbps else "-")
         row.append(best_peer_text(c, suite.metric))
         if has_cpu:
             row.append(ratio(c.speedup_vs_cpu()))
@@ -61,9 +65,10 @@ def chain_rows(suite: SuiteResult) -> tuple[list[str], list[list[str]]]:
 def compact_rows(suite: SuiteResult) -> tuple[list[str], list[list[str]]]:
     """One row per (op, dtype), one column per shape.
 
-    A GPU-time suite's cell is ``"<opforge % of copy> <speedup vs fastest peer>"``; a
-    wall-time suite's is ``"<opforge wall time> <speedup vs torch>"``. ``!`` marks a
-    case that misses one of the suite's targets.
+    Cells: a wall-time suite gives ``"<opforge wall time> <speedup vs torch>"``; a suite
+    with a CPU column (seed) ``"<opforge GPU time> <speedup vs torch> cpu <speedup vs
+    CPU>"``; other GPU-time suites ``"<opforge % of copy> <speedup vs fastest peer>"``.
+    ``!`` marks a case that misses one of the suite's targets.
     """
     shapes: list[str] = []
     keys: list[tuple[str, str]] = []
@@ -80,6 +85,11 @@ def compact_rows(suite: SuiteResult) -> tuple[list[str], list[list[str]]]:
             text = mine.status.upper() if mine else "-"
         elif suite.metric == "wall_us":
             text = f"{us(mine.wall_us)} {ratio(c.speedup(TORCH, 'wall_us'))}"
+        elif CPU in suite.impls:
+            vs_cpu = c.speedup_vs_cpu()
+            text = f"{us(mine.gpu_us)} {ratio(c.speedup(TORCH, suite.metric))}"
+            if vs_cpu is not None:
+                text += f" cpu {vs_cpu:.1f}x" if vs_cpu < 10 else f" cpu {vs_cpu:.0f}x"
         else:
             best = c.best_peer(suite.metric)
             pct = f"{mine.pct_copy:.0f}%" if mine.pct_copy is not None else us(mine.gpu_us)
@@ -162,13 +172,15 @@ class Printer:
         else:
             print(text, file=self.out)
 
-    def table(self, title: str, cols: list[str], rows: list[list[str]]) -> None:
+    def table(self, title: str, cols: list[str], rows: list[list[str]], compact: bool = False) -> None:
         if self.console is None:
             _plain_table(title, cols, rows, self.out)
             return
+        from rich import box
         from rich.table import Table
 
-        t = Table(title=title, title_justify="left", show_lines=False, pad_edge=False)
+        t = Table(title=title, title_justify="left", show_lines=False, pad_edge=False,
+                  box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD)
         for i, c in enumerate(cols):
             t.add_column(c, justify="left" if i < 3 else "right", no_wrap=True)
         for r in rows:
@@ -213,14 +225,20 @@ def print_compact(run: RunResult, printer: Printer) -> None:
         printer.line(line)
     for s in run.suites:
         cols, rows = compact_rows(s)
-        how = ("opforge wall time, speedup vs torch" if s.metric == "wall_us"
-               else "opforge % of copy, speedup vs fastest peer")
-        printer.table(f"{s.name} ({how}; ! = target missed)", cols, rows)
+        if s.metric == "wall_us":
+            how = "opforge wall time per call, speedup vs torch"
+        elif CPU in s.impls:
+            how = "opforge GPU time, speedup vs torch, speedup vs CPU (wall)"
+        else:
+            how = "opforge % of copy bandwidth, speedup vs fastest correct peer"
+        printer.table(f"{s.name} ({how}; ! = target missed)", cols, rows, compact=True)
         if s.chains:
             cols, rows = compact_chain_rows(s)
             printer.table(f"{s.name}: opforge chain of {s.chains[0].length}, eager -> CUDA graph (per chain)",
-                          cols, rows)
-        for line in target_lines(s):
+                          cols, rows, compact=True)
+        if s.seconds is not None:
+            printer.line(f"{s.name}: {len(s.cases)} cases in {s.seconds:.0f} s")
+        for line in target_lines(s, limit=6):
             printer.line(line)
     wrong = [(w, r) for w, r in absent_reasons(run) if "(wrong)" in w or "(error)" in w]
     for who, why in wrong[:10]:
