@@ -68,7 +68,7 @@ def test_end_to_end_on_cpu_writes_json_markdown_and_plots(tmp_path, capsys):
     again = tmp_path / "again.md"
     assert main(["--from-json", str(j), "--compact", "--markdown", str(again)]) in (0, 1)
     assert again.read_text() == text
-    assert "opforge % of copy" in capsys.readouterr().out
+    assert "opforge GPU time, speedup vs torch" in capsys.readouterr().out
 
 
 def test_json_round_trip(tmp_path):
