@@ -179,8 +179,8 @@ class Printer:
         from rich import box
         from rich.table import Table
 
-        t = Table(title=title, title_justify="left", show_lines=False, pad_edge=False,
-                  box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD)
+        self.console.print(title, markup=False, soft_wrap=True)  # a table title would wrap at its width
+        t = Table(show_lines=False, pad_edge=False, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD)
         for i, c in enumerate(cols):
             t.add_column(c, justify="left" if i < 3 else "right", no_wrap=True)
         for r in rows:
