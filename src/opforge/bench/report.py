@@ -23,6 +23,7 @@ from opforge.bench.fmt import (
     us,
 )
 from opforge.bench.results import OK, RunResult, SuiteResult
+from opforge.bench.spec import COMPILE
 
 Row = Sequence[str]
 
@@ -136,6 +137,16 @@ def target_lines(suite: SuiteResult, limit: int = 12) -> list[str]:
     return out
 
 
+def compile_line(suite: SuiteResult) -> str | None:
+    """``"seed: torch.compile first calls: 24, median 1.2 s, max 21.0 s"``, or None."""
+    times = sorted(c.results[COMPILE].compile_s for c in suite.cases
+                   if COMPILE in c.results and c.results[COMPILE].compile_s is not None)
+    if not times:
+        return None
+    return (f"{suite.name}: torch.compile first calls: {len(times)}, median {times[len(times) // 2]:.1f} s, "
+            f"max {times[-1]:.1f} s, total {sum(times):.0f} s")
+
+
 def _plain_table(title: str, cols: list[str], rows: list[list[str]], out: TextIO) -> None:
     widths = [max(len(str(x)) for x in [c] + [r[i] for r in rows]) for i, c in enumerate(cols)]
     print(title, file=out)
@@ -210,8 +221,9 @@ def print_full(run: RunResult, printer: Printer) -> None:
         if s.chains:
             cols, rows = chain_rows(s)
             printer.table(f"{s.name}: chain of {s.chains[0].length} calls (wall time per chain)", cols, rows)
-        for line in target_lines(s):
-            printer.line(line)
+        for line in [compile_line(s)] + target_lines(s):
+            if line:
+                printer.line(line)
     notes = absent_reasons(run)
     if notes:
         printer.line("notes:")
@@ -238,6 +250,9 @@ def print_compact(run: RunResult, printer: Printer) -> None:
                           cols, rows, compact=True)
         if s.seconds is not None:
             printer.line(f"{s.name}: {len(s.cases)} cases in {s.seconds:.0f} s")
+        line = compile_line(s)
+        if line:
+            printer.line(line)
         for line in target_lines(s, limit=6):
             printer.line(line)
     wrong = [(w, r) for w, r in absent_reasons(run) if "(wrong)" in w or "(error)" in w]

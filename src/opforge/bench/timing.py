@@ -137,9 +137,9 @@ class CudaClock(Clock):
         if sleep is None:
             return None
         with torch.cuda.device(self.device):
-            sleep(1000)
+            sleep(5_000_000)  # a few ms of spinning first, so the clocks have ramped up
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            cycles = 200_000
+            cycles = 1_000_000
             start.record()
             sleep(cycles)
             end.record()
@@ -152,7 +152,9 @@ class CudaClock(Clock):
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         spin = 0
         if self._cycles_per_us:
-            spin = int(self._cycles_per_us * min(2000.0, max(20.0, 1.5 * host_us)))
+            # Outlast the host's work for one call by a wide margin (clocks may rise after
+            # calibration, which shortens the spin); a longer spin only costs idle time.
+            spin = int(self._cycles_per_us * min(3000.0, max(30.0, 3.0 * host_us)))
         n = len(args)
         self.sync()
         for i in range(reps):
