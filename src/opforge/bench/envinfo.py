@@ -51,7 +51,12 @@ def pick_device(text: str | None) -> torch.device:
 
 
 def l2_bytes(device: torch.device) -> int:
-    """Last-level cache size used to decide input rotation (a guess off CUDA)."""
+    """Last-level cache size used to decide input rotation (a guess off CUDA).
+
+    Example:
+        >>> l2_bytes(torch.device("cpu"))
+        33554432
+    """
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return int(getattr(props, "L2_cache_size", 0) or 50 << 20)

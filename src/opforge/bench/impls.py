@@ -60,6 +60,9 @@ def configure_dynamo() -> None:
     Each (shape, dtype) the suites visit is one more static compilation of the same
     Python function; with the default limit (8) dynamo would quietly run eager code
     after the eighth, and the "torch.compile" column would be a lie.
+
+    Example:
+        >>> configure_dynamo()
     """
     cfg = torch._dynamo.config
     for key in ("recompile_limit", "cache_size_limit"):
@@ -114,6 +117,10 @@ def import_optional(module: str, package_hint: str) -> ModuleType:
 
 
 def require_cuda(ctx: BuildContext, what: str) -> None:
-    """Raise :class:`Absent` unless the case runs on a CUDA device."""
+    """Raise :class:`Absent` unless the case runs on a CUDA device.
+
+    Example:
+        >>> # require_cuda(ctx, "Liger-Kernel")  # in a factory
+    """
     if ctx.device.type != "cuda":
         raise Absent(f"{what} runs on CUDA only (device is {ctx.device.type})")

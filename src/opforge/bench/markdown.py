@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opforge.bench.fmt import METRIC_LABEL, absent_reasons, header_lines, us
+from opforge.bench.fmt import METRIC_LABEL, absent_reasons, header_lines
 from opforge.bench.report import chain_rows, suite_rows, target_lines
 from opforge.bench.results import RunResult
 from opforge.bench.spec import COMPILE, shape_label
@@ -64,7 +64,8 @@ def render(run: RunResult) -> str:
         out += ["## Notes", ""] + [f"- **{who}**: {why}" for who, why in notes] + [""]
     secs = run.meta.get("seconds")
     if secs is not None:
-        out += [f"Run took {secs} s; copy bandwidth {us(None) if run.copy_gbps is None else f'{run.copy_gbps:.0f} GB/s'}.", ""]
+        copy = "not measured" if run.copy_gbps is None else f"{run.copy_gbps:.0f} GB/s"
+        out += [f"The run took {secs} s; copy bandwidth {copy}.", ""]
     return "\n".join(out)
 
 

@@ -29,7 +29,11 @@ Row = Sequence[str]
 
 
 def suite_rows(suite: SuiteResult) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of a suite's main table (one row per case)."""
+    """Columns and rows of a suite's main table (one row per case).
+
+    Example:
+        >>> # cols, rows = suite_rows(RunResult.load_json("r.json").suites[0])
+    """
     impls = ordered_impls(suite)
     gbps = suite.metric == "gpu_us"
     cols = ["op", "shape", "dtype"] + impls + (["opforge GB/s"] if gbps else []) + ["opforge vs fastest peer"]
@@ -211,7 +215,11 @@ def _style(text: str) -> str:
 
 
 def print_full(run: RunResult, printer: Printer) -> None:
-    """Every suite's main table, chain table, targets, and the absent/wrong notes."""
+    """Every suite's main table, chain table, targets, and the absent/wrong notes.
+
+    Example:
+        >>> # print_full(RunResult.load_json("r.json"), Printer())
+    """
     for line in header_lines(run):
         printer.line(line)
     for s in run.suites:
@@ -232,7 +240,11 @@ def print_full(run: RunResult, printer: Printer) -> None:
 
 
 def print_compact(run: RunResult, printer: Printer) -> None:
-    """A short summary: per suite, op x dtype by shape; targets; opforge's chains."""
+    """A short summary: per suite, op x dtype by shape; targets; opforge's chains.
+
+    Example:
+        >>> # print_compact(RunResult.load_json("r.json"), Printer())
+    """
     for line in header_lines(run):
         printer.line(line)
     for s in run.suites:

@@ -223,7 +223,8 @@ class Runner:
         if p.suite.chain_len > 0:
             for op, shape, dtype in p.cases:
                 for impl in p.chain_impls:
-                    self.progress.step(f"{p.suite.name} chain {op.name} {shape_label(shape)} {dtype_name(dtype)} {impl}")
+                    label = f"{op.name} {shape_label(shape)} {dtype_name(dtype)}"
+                    self.progress.step(f"{p.suite.name} chain {label} {impl}")
                     res.chains.append(self._run_chain(p.suite, op, shape, dtype, impl))
                     self.progress.advance()
         for target in p.suite.targets:

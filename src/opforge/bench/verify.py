@@ -22,7 +22,12 @@ TOLERANCE: dict[torch.dtype, float] = {
 
 
 def as_outputs(value: Any) -> tuple[torch.Tensor, ...]:
-    """Normalize an op's return value to a tuple of tensors."""
+    """Normalize an op's return value to a tuple of tensors.
+
+    Example:
+        >>> len(as_outputs(torch.ones(2)))
+        1
+    """
     if isinstance(value, torch.Tensor):
         return (value,)
     return tuple(value)

@@ -90,18 +90,22 @@ def _bytes(streams: int, vectors: int) -> Callable[[Shape, torch.dtype], int]:
 
 
 def ref_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Oracle for layer_norm. Example: ``ref_layer_norm(x.double(), w.double(), b.double())``."""
     return reference.layer_norm(x, w, b, LN_EPS)
 
 
 def ref_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Oracle for rms_norm. Example: ``ref_rms_norm(x.double(), w.double())``."""
     return reference.rms_norm(x, w, RMS_EPS)
 
 
 def ref_add_layer_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Outputs:
+    """Oracle for add_layer_norm: ``(y, x + r)``. Example: ``ref_add_layer_norm(*upcast(inputs))``."""
     return reference.add_layer_norm(x, r, w, b, LN_EPS)
 
 
 def ref_add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> Outputs:
+    """Oracle for add_rms_norm: ``(y, x + r)``. Example: ``ref_add_rms_norm(*upcast(inputs))``."""
     return reference.add_rms_norm(x, r, w, RMS_EPS)
 
 
@@ -109,19 +113,23 @@ def ref_add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> Outpu
 
 
 def torch_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The torch eager peer. Example: ``torch_layer_norm(torch.randn(4, 64), w, b)``."""
     return F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)
 
 
 def torch_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The torch eager peer (``F.rms_norm``). Example: ``torch_rms_norm(torch.randn(4, 64), w)``."""
     return F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)
 
 
 def torch_add_layer_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Outputs:
+    """The torch eager peer: add, then ``F.layer_norm``. Example: ``y, s = torch_add_layer_norm(x, r, w, b)``."""
     s = x + r
     return F.layer_norm(s, (s.shape[-1],), w, b, LN_EPS), s
 
 
 def torch_add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> Outputs:
+    """The torch eager peer: add, then ``F.rms_norm``. Example: ``y, s = torch_add_rms_norm(x, r, w)``."""
     s = x + r
     return F.rms_norm(s, (s.shape[-1],), w, RMS_EPS), s
 
@@ -139,22 +147,26 @@ def _liger_function(ctx: BuildContext, cls_name: str) -> Any:
 
 
 def liger_layer_norm(ctx: BuildContext) -> Callable[..., Any]:
+    """Liger-Kernel factory (absent off CUDA or without the package). Example: ``fn = liger_layer_norm(ctx)``."""
     fn = _liger_function(ctx, "LigerLayerNormFunction")
     return lambda x, w, b: fn.apply(x, w, b, LN_EPS)
 
 
 def liger_rms_norm(ctx: BuildContext) -> Callable[..., Any]:
+    """Liger-Kernel factory. Example: ``fn = liger_rms_norm(ctx); y = fn(x, w)``."""
     # offset 0, "llama" casting (Liger's default), in_place only concerns backward.
     fn = _liger_function(ctx, "LigerRMSNormFunction")
     return lambda x, w: fn.apply(x, w, RMS_EPS, 0.0, "llama", False)
 
 
 def liger_add_rms_norm(ctx: BuildContext) -> Callable[..., Any]:
+    """Liger-Kernel's fused add + RMS norm. Example: ``y, s = liger_add_rms_norm(ctx)(x, r, w)``."""
     fn = _liger_function(ctx, "LigerFusedAddRMSNormFunction")
     return lambda x, r, w: fn.apply(x, r, w, RMS_EPS, 0.0, "llama", False)
 
 
 def liger_add_layer_norm(ctx: BuildContext) -> Callable[..., Any]:
+    """Always absent: Liger-Kernel has no such kernel. Example: ``liger_add_layer_norm(ctx)`` raises Absent."""
     raise Absent("Liger-Kernel has no fused residual-add + layer norm")
 
 
