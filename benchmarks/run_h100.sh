@@ -14,7 +14,7 @@
 # Budget: measuring stops starting new cases after BENCH_MAX_SECONDS (default 400 s; the
 # rest is reported as "skipped", never dropped) and the whole run is killed at 540 s, so it
 # ends inside 9 minutes whatever happens. Expected: about 4-5 minutes on an H100.
-# BENCH_ARGS adds options (a smoke test on a laptop: BENCH_ARGS="--device cpu --quick --shapes 2x64").
+# BENCH_SUITES picks suites (default seed,llm,latency); BENCH_ARGS adds options (a smoke test on a laptop: BENCH_ARGS="--device cpu --quick --shapes 2x64").
 # Liger-Kernel is optional: if .whl/ holds its wheel (pure Python), it is installed into
 # /tmp/site first; without it Liger is reported absent.
 set -uo pipefail
@@ -43,7 +43,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 } > "$LOG"
 
 timeout -k 10 540 "$PY" -m opforge.bench \
-  --suite seed,llm,latency \
+  --suite "${BENCH_SUITES:-seed,llm,latency}" \
   --max-seconds "${BENCH_MAX_SECONDS:-400}" \
   --progress lines \
   --json "$OUT/results.json" \

@@ -104,7 +104,7 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from opforge.bench.runner import RunOptions, UsageError, plan
     from opforge.bench.timing import TimingConfig
 
-    suites = _split(args.suite) or ["seed"]
+    suites = list(dict.fromkeys(_split(args.suite) or ["seed"]))
     if "all" in suites:
         suites = suite_names()
     dtypes = None

@@ -243,7 +243,10 @@ class Runner:
         size = max(1, _nbytes(first))
         window = self.cfg.rotate_cache_factor * envinfo.l2_bytes(self.device)
         n = 1 if size >= window else min(self.cfg.rotate_max_buffers, math.ceil(window / size))
-        return [first] + [op.make_inputs(shape, dtype, self.device, gen) for _ in range(n - 1)]
+        # Copies, not fresh draws: only distinct memory matters for the cache, and a clone is
+        # one kernel where drawing is several (thousands of sets for the smallest shapes).
+        return [first] + [tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in first)
+                          for _ in range(n - 1)]
 
     def _run_case(self, suite: Suite, op: OpSpec, shape: Shape, dtype: torch.dtype,
                   impls: Sequence[str]) -> CaseResult:
