@@ -14,7 +14,8 @@
 # Budget: measuring stops starting new cases after BENCH_MAX_SECONDS (default 400 s; the
 # rest is reported as "skipped", never dropped) and the whole run is killed at 540 s, so it
 # ends inside 9 minutes whatever happens. Expected: about 4-5 minutes on an H100.
-# BENCH_SUITES picks suites (default seed,llm,latency); BENCH_ARGS adds options (a smoke test on a laptop: BENCH_ARGS="--device cpu --quick --shapes 2x64").
+# BENCH_SUITES picks suites (default seed,llm,latency); BENCH_ARGS adds options
+# (a smoke test without a GPU: BENCH_ARGS="--device cpu --quick --shapes 2x64").
 # Liger-Kernel is optional: if .whl/ holds its wheel (pure Python), it is installed into
 # /tmp/site first; without it Liger is reported absent.
 set -uo pipefail

@@ -71,6 +71,7 @@ def test_wrong_peer_is_flagged_not_ranked(tiny_timing, cpu):
     assert res["liger"].status == WRONG and "relative error" in res["liger"].reason
     assert res["liger"].gpu_us is not None  # timed, shown...
     assert case.best_peer("gpu_us")[0] == "torch"  # ...but never ranked
+    assert set(case.speedups) == {"torch"}
     assert res["torch.compile"].status == ERROR and "kernel exploded" in res["torch.compile"].reason
     assert res["torch-cpu"].status == ABSENT  # the device is the CPU itself
     for name in ("torch.compile", "torch-cpu"):

@@ -44,7 +44,10 @@ def impl_time(case: CaseResult, impl: str, metric: str) -> float | None:
 
 
 def cell(case: CaseResult, impl: str, metric: str, with_pct: bool = True) -> str:
-    """``"12.3 us 91%"`` for a correct result; a wrong one keeps its time but says WRONG."""
+    """``"12.3 us 91%"`` for a correct result; a wrong one keeps its time but says WRONG.
+
+    A peer's cell ends with opforge's speedup over it: ``"20.1 us 56% [1.63x]"``.
+    """
     r = case.results.get(impl)
     t = impl_time(case, impl, metric)
     if r is None or t is None:
@@ -53,7 +56,11 @@ def cell(case: CaseResult, impl: str, metric: str, with_pct: bool = True) -> str
     if with_pct and metric == "gpu_us" and r.pct_copy is not None and impl != CPU:
         text += f" {r.pct_copy:.0f}%"
     if r.status != OK:
-        text = f"WRONG ({text})"
+        return f"WRONG ({text})"
+    if impl not in (OPFORGE, CPU):
+        sp = case.speedup(impl, metric)
+        if sp is not None:
+            text += f" [{sp:.2f}x]"
     return text
 
 

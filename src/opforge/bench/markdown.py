@@ -17,8 +17,9 @@ median of event-timed calls after warm-up, inputs rotating among buffers when on
 fits in L2; wall time per call is a loop of calls with one synchronize at the end. Every
 implementation's output is checked against a float64 oracle first: WRONG marks a result
 that failed (its time is shown, never ranked); "absent" means it could not run here.
-"opforge vs fastest peer" is the fastest correct peer's time over opforge's (above 1:
-opforge is faster); "opforge vs CPU" compares wall times per call.
+"[1.63x]" in a peer's cell is opforge's speedup over that peer (the peer's time over
+opforge's; above 1: opforge is faster); "opforge vs fastest peer" is the same against the
+fastest correct peer; "opforge vs CPU" compares wall times per call.
 """
 
 

@@ -45,7 +45,8 @@ def suite_rows(suite: SuiteResult) -> tuple[list[str], list[list[str]]]:
         row = [c.op, shape_label(c.shape), c.dtype] + [cell(c, i, suite.metric) for i in impls]
         if gbps:
             mine = c.results.get(OPFORGE)
-            row.append(f"{mine.gbps:.0f}" if mine is not None and mine.ok and mine.gbps else "-")
+            g = mine.gbps if mine is not None and mine.ok else None
+            row.append("-" if g is None else f"{g:.0f}" if g >= 10 else f"{g:.2f}")
         row.append(best_peer_text(c, suite.metric))
         if has_cpu:
             row.append(ratio(c.speedup_vs_cpu()))

@@ -67,6 +67,8 @@ class CaseResult:
     bytes: int
     buffers: int = 1
     results: dict[str, ImplResult] = field(default_factory=dict)
+    #: opforge's speedup over each correct peer under the suite's metric (the CPU: wall time).
+    speedups: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -101,6 +103,16 @@ class CaseResult:
         if mine is None or theirs is None or mine <= 0:
             return None
         return theirs / mine
+
+    def fill_speedups(self, metric: str) -> None:
+        """Compute :attr:`speedups` from the results (the runner calls it once per case)."""
+        self.speedups = {}
+        for name in self.results:
+            if name == OPFORGE:
+                continue
+            sp = self.speedup_vs_cpu() if name == CPU else self.speedup(name, metric)
+            if sp is not None:
+                self.speedups[name] = sp
 
     def speedup_vs_cpu(self) -> float | None:
         """CPU wall time over opforge's wall time (the users' GPU-vs-CPU column)."""

@@ -276,6 +276,7 @@ class Runner:
             else:
                 case.results[impl] = self._run_impl(op, shape, dtype, impl, sets, reference, case.bytes)
             self.progress.advance()
+        case.fill_speedups(suite.metric)
         del sets, refs
         if self.device.type == "cuda" and case.bytes > (1 << 30):
             torch.cuda.empty_cache()
