@@ -2,7 +2,8 @@
 # The one command for a lent H100: every suite (seed, llm, latency) measured in one process,
 # results written to $OUT, a compact summary printed last.
 #
-#   device tool:  run(command="bash benchmarks/run_h100.sh", carry=[".whl"], timeout_s=600)
+#   device tool:  run(command="OPFORGE_COMMIT=<sha> bash benchmarks/run_h100.sh", carry=[".whl"],
+#                     timeout_s=600)     (OPFORGE_COMMIT: the tree there has no .git to ask)
 #   anywhere:     OUT=/tmp/bench bash benchmarks/run_h100.sh
 #
 # Files written to $OUT (6, each well under 16 MiB):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -95,6 +96,9 @@ def _version(module: str) -> str | None:
 
 
 def _git_commit() -> str | None:
+    # The device machine gets a copy of the working tree without .git: let the caller say.
+    if os.environ.get("OPFORGE_COMMIT"):
+        return os.environ["OPFORGE_COMMIT"]
     root = Path(__file__).resolve().parents[3]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
