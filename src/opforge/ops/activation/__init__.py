@@ -1,0 +1,179 @@
+"""Pointwise activations: gelu, silu, relu, and the gated forms swiglu and geglu.
+
+Every call validates its arguments, asks the registry for a variant (Triton on CUDA/ROCm,
+Metal on MPS, the torch path elsewhere), runs it and, inside ``opforge.trace()``, records it.
+
+Each function first checks whether it was handed a symbolic tensor of the fusion compiler
+(``x._opforge_symbolic_``); if so it records itself with ``x._opforge_apply_(op, tensors,
+params)`` and returns the symbolic result, so ``@opforge.fuse`` functions can call it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...runtime import alloc, registry, trace
+from ...runtime.registry import Variant
+from . import reference
+from .problem import OPS, ActivationCall, prepare
+
+
+def _torch_launch(call: ActivationCall) -> torch.Tensor:
+    return reference.run(call.problem.op, call.x, call.up, call.approximate)
+
+
+def _register() -> None:
+    try:
+        from . import triton_kernels
+    except ImportError:  # no triton on this machine (e.g. macOS): the torch and metal paths remain
+        triton_kernels = None
+    for op in OPS:
+        if triton_kernels is not None:
+            for name, supports, launch, summary in triton_kernels.VARIANTS:
+                registry.register(Variant(op, "triton", name, supports, launch, summary))
+        registry.register(Variant(op, "torch", "reference", lambda p: None, _torch_launch,
+                                  "torch composite ops in float32 (float64 for float64 inputs)"))
+        registry.register_problem_builder(op, _problem_builder(op))
+
+
+def _problem_builder(op: str):
+    def build(x, *args, **kwargs):
+        if op in ("swiglu", "geglu"):
+            up = args[0] if args else kwargs.pop("up")
+            args = args[1:]
+        else:
+            up = None
+        approximate = (args[0] if args else kwargs.get("approximate", "none")) if op in ("gelu", "geglu") else None
+        return prepare(op, x, up, approximate).problem
+
+    return build
+
+
+def _run(op: str, x: torch.Tensor, up: Optional[torch.Tensor], approximate: Optional[str]) -> torch.Tensor:
+    call = prepare(op, x, up, approximate)
+    if call.problem.numel == 0:
+        return alloc.empty(x.shape, x.dtype, x.device)
+    choice = registry.select(op, call.problem, call.problem.device_type)
+    variant = choice.variant
+    if trace._active:
+        note = call.note
+        if choice.fallback_reason:
+            note = "; ".join(filter(None, [note, f"fallback: {choice.fallback_reason}"]))
+        return trace.run_traced(op, variant.backend, variant.name, x, note, variant.launch, call)
+    return variant.launch(call)
+
+
+def _symbolic(*tensors: object):
+    """The first of ``tensors`` that is a fusion compiler's symbolic tensor, or None."""
+    for t in tensors:
+        if getattr(t, "_opforge_symbolic_", False):
+            return t
+    return None
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU: ``0.5 * x * (1 + erf(x / sqrt(2)))``, or its tanh form, as ``torch.nn.functional.gelu``.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor of any shape and strides (float64 runs on the
+            torch path). Contiguous, dense-permuted and strided-row layouts run in place; other
+            layouts are copied first (the trace says so).
+        approximate: ``"none"`` (exact, erf) or ``"tanh"``
+            (``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))``).
+
+    Returns:
+        A tensor of x's shape and dtype (with x's layout if x is dense, else packed), computed in
+        float32 and rounded once.
+
+    Example:
+        >>> import torch, opforge
+        >>> x = torch.randn(4, 256)
+        >>> torch.allclose(opforge.gelu(x), torch.nn.functional.gelu(x), atol=1e-6)
+        True
+        >>> torch.allclose(opforge.gelu(x, approximate="tanh"),
+        ...                torch.nn.functional.gelu(x, approximate="tanh"), atol=1e-6)
+        True
+    """
+    if getattr(x, "_opforge_symbolic_", False):
+        return x._opforge_apply_("gelu", (x,), {"approximate": approximate})
+    return _run("gelu", x, None, approximate)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU (swish): ``x * sigmoid(x)``, as ``torch.nn.functional.silu``.
+
+    Same dtypes, shapes and layouts as ``gelu``.
+
+    Example:
+        >>> import torch, opforge
+        >>> x = torch.randn(3, 100)
+        >>> torch.allclose(opforge.silu(x), torch.nn.functional.silu(x), atol=1e-6)
+        True
+    """
+    if getattr(x, "_opforge_symbolic_", False):
+        return x._opforge_apply_("silu", (x,), {})
+    return _run("silu", x, None, None)
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    """ReLU: ``max(x, 0)``, NaN kept, as ``torch.relu``.
+
+    Same dtypes, shapes and layouts as ``gelu``.
+
+    Example:
+        >>> import torch, opforge
+        >>> opforge.relu(torch.tensor([-1.0, 0.5])).tolist()
+        [0.0, 0.5]
+    """
+    if getattr(x, "_opforge_symbolic_", False):
+        return x._opforge_apply_("relu", (x,), {})
+    return _run("relu", x, None, None)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: ``silu(gate) * up`` in one pass (the gated MLP of LLaMA-style models).
+
+    Args:
+        gate, up: tensors of one shape, dtype and device; float32, float16 or bfloat16 (float64
+            on the torch path). Strided rows run in place, so the two halves of a fused
+            projection, ``h[..., :F]`` and ``h[..., F:]``, are read without a copy.
+
+    Returns:
+        A tensor of gate's shape and dtype, computed in float32 and rounded once.
+
+    Example:
+        >>> import torch, opforge
+        >>> h = torch.randn(4, 2 * 64)
+        >>> gate, up = h[:, :64], h[:, 64:]
+        >>> y = opforge.swiglu(gate, up)
+        >>> torch.allclose(y, torch.nn.functional.silu(gate) * up, atol=1e-6)
+        True
+    """
+    sym = _symbolic(gate, up)
+    if sym is not None:
+        return sym._opforge_apply_("swiglu", (gate, up), {})
+    return _run("swiglu", gate, up, None)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GeGLU: ``gelu(gate, approximate) * up`` in one pass.
+
+    Same arguments and layouts as ``swiglu``; ``approximate`` as in ``gelu``.
+
+    Example:
+        >>> import torch, opforge
+        >>> gate, up = torch.randn(2, 3, 32), torch.randn(2, 3, 32)
+        >>> y = opforge.geglu(gate, up)
+        >>> torch.allclose(y, torch.nn.functional.gelu(gate) * up, atol=1e-6)
+        True
+    """
+    sym = _symbolic(gate, up)
+    if sym is not None:
+        return sym._opforge_apply_("geglu", (gate, up), {"approximate": approximate})
+    return _run("geglu", gate, up, approximate)
+
+
+_register()
+
+__all__ = ["gelu", "silu", "relu", "swiglu", "geglu"]

@@ -1,0 +1,66 @@
+"""Checks of the activations against the float64 oracle, used by ``opforge verify`` and tests."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ...testing import Case, strided_rows
+from . import geglu, gelu, reference, relu, silu, swiglu
+from .problem import GATED, OPS
+
+PUBLIC = {"gelu": gelu, "silu": silu, "relu": relu, "swiglu": swiglu, "geglu": geglu}
+
+
+def random_input(shape: tuple, dtype: torch.dtype, device: Any, layout: str = "packed",
+                 scale: float = 2.0) -> torch.Tensor:
+    """Random data (never zeros) of ``shape`` in a layout: packed, strided (rows), transposed, or sliced
+    (every other element: the layout no kernel reads in place)."""
+    if layout == "strided":
+        x = strided_rows(shape, dtype, device)
+    elif layout == "transposed" and len(shape) >= 2:
+        x = torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
+    elif layout == "sliced":
+        x = torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype, device=device)[..., ::2]
+    else:
+        x = torch.randn(tuple(shape), dtype=dtype, device=device)
+    return x.mul_(scale)
+
+
+def oracle(op: str, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The float64 result the kernels are judged against."""
+    x = args[0].double()
+    up = args[1].double() if op in GATED else None
+    return reference.run(op, x, up, kwargs.get("approximate"))
+
+
+def make_case(op: str, shape: tuple, dtype: torch.dtype, layout: str = "packed",
+              approximate: Optional[str] = None, up_layout: Optional[str] = None) -> Case:
+    """A Case for ``op`` at ``shape``; gated ops get an ``up`` in ``up_layout`` (default: x's layout)."""
+
+    def make(device):
+        x = random_input(shape, dtype, device, layout)
+        args = (x, random_input(shape, dtype, device, up_layout or layout, scale=1.0)) if op in GATED else (x,)
+        return args, ({"approximate": approximate} if approximate is not None else {})
+
+    label = layout if approximate is None else f"{layout} approximate={approximate}"
+    return Case(op, tuple(shape), dtype, label, make, PUBLIC[op], lambda a, k: oracle(op, a, k))
+
+
+def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
+    """Odd and large sizes, every dtype; strided rows (gate/up halves) and the tanh GELU."""
+    if device_type == "cpu":   # Triton's interpreter costs ~1 ms per program: small tensors
+        shapes = [(1,), (3, 77), (2, 3, 1000), (5000,)]
+    else:
+        shapes = [(1,), (64, 77), (4096, 4096), (1024, 11008), (3, 1000003)]
+    if quick:
+        shapes = shapes[1::2]
+    cases = []
+    for op in OPS:
+        for shape in shapes:
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                cases.append(make_case(op, shape, dtype))
+        cases.append(make_case(op, shapes[2], torch.bfloat16, layout="strided"))
+        if op in ("gelu", "geglu"):
+            cases.append(make_case(op, shapes[1], torch.float32, approximate="tanh"))
+    return cases

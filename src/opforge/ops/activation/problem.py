@@ -1,0 +1,123 @@
+"""Validation of the activations' arguments, how their tensors are laid out for a kernel, and
+the problem description variants see.
+
+A pointwise kernel needs no particular shape, only addresses. Three layouts run in place:
+
+* ``flat``: every input is contiguous; the kernel walks ``numel`` elements.
+* ``dense``: every input has the same dense, non-overlapping layout (a transposed or permuted
+  tensor): the kernel walks the storage, and the output gets that same layout.
+* ``rows``: rows addressed with two strides and a contiguous last dimension (``big[:, :N]``,
+  e.g. the gate and up halves of a fused projection): the output is packed.
+
+Anything else is copied to a packed tensor first, and the trace says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ...runtime.errors import check_float_tensor
+from ..norm.rows import Rows, as_rows
+from .reference import APPROXIMATIONS
+
+HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16)
+OPS = ("gelu", "silu", "relu", "swiglu", "geglu")
+GATED = ("swiglu", "geglu")
+
+
+@dataclass(frozen=True)
+class ActivationProblem:
+    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+
+    op: str
+    dtype: torch.dtype
+    numel: int
+    device_type: str
+    approximate: Optional[str]
+    shape: tuple
+
+    @property
+    def key(self) -> tuple:
+        return (self.dtype, self.approximate)
+
+    @property
+    def gated(self) -> bool:
+        return self.op in GATED
+
+    def describe(self) -> str:
+        name = "gate" if self.gated else "x"
+        extra = f", approximate={self.approximate!r}" if self.approximate is not None else ""
+        shape = "x".join(map(str, self.shape)) or "()"
+        return f"{name} {str(self.dtype).replace('torch.', '')} ({shape}{extra}) {self.device_type}"
+
+
+@dataclass
+class ActivationCall:
+    """A validated call: the original tensors (for the torch path) and their kernel layout."""
+
+    problem: ActivationProblem
+    x: torch.Tensor
+    up: Optional[torch.Tensor]
+    approximate: Optional[str]
+    layout: str                     # "flat", "dense" or "rows"
+    rows: tuple[Rows, ...]          # per input: what the kernel reads and how rows are addressed
+    note: str
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """True if ``t``'s elements fill ``numel`` consecutive slots of its storage, in some order."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return all(sa == sb for sz, sa, sb in zip(a.shape, a.stride(), b.stride()) if sz != 1)
+
+
+def check_approximate(approximate: object) -> str:
+    """Return ``approximate`` if it is ``"none"`` or ``"tanh"``; else raise."""
+    if not isinstance(approximate, str):
+        raise TypeError(f"approximate must be 'none' or 'tanh', got {type(approximate).__name__}")
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate
+
+
+def prepare(op: str, x: torch.Tensor, up: Optional[torch.Tensor] = None,
+            approximate: Optional[str] = None) -> ActivationCall:
+    """Check every argument (raising before anything is written) and plan the kernel's layout."""
+    gated = op in GATED
+    name = "gate" if gated else "x"
+    check_float_tensor(name, x)
+    if gated:
+        check_float_tensor("up", up)
+        if tuple(up.shape) != tuple(x.shape):
+            raise ValueError(f"up must have gate's shape {tuple(x.shape)}, got {tuple(up.shape)}")
+        if up.dtype != x.dtype:
+            raise TypeError(f"up must have gate's dtype {x.dtype}, got {up.dtype}")
+        if up.device != x.device:
+            raise ValueError(f"up is on {up.device} but gate is on {x.device}: all tensors must be on one device")
+    approximate = check_approximate(approximate) if op in ("gelu", "geglu") else None
+    problem = ActivationProblem(op, x.dtype, x.numel(), x.device.type, approximate, tuple(x.shape))
+    inputs = (x, up) if gated else (x,)
+    layout, rows, note = _plan(inputs, (name, "up"))
+    return ActivationCall(problem, x, up if gated else None, approximate, layout, rows, note)
+
+
+def _plan(inputs: tuple, names: tuple) -> tuple[str, tuple, str]:
+    numel = inputs[0].numel()
+    if numel == 0 or all(t.is_contiguous() for t in inputs):
+        return "flat", tuple(Rows(t, 1, 0, 0, "") for t in inputs), ""
+    first = inputs[0]
+    if is_dense(first) and all(_same_layout(first, t) for t in inputs[1:]):
+        return "dense", tuple(Rows(t, 1, 0, 0, "") for t in inputs), ""
+    rows = tuple(as_rows(t, n) for t, n in zip(inputs, names))
+    note = "; ".join(r.copied for r in rows if r.copied)
+    return "rows", rows, note
+
