@@ -46,21 +46,19 @@ def configs(n, itemsize):
     """Alternative launches: (label, kind, params)."""
     out = []
     if n <= 1024:
-        for tile in (2048, 4096, 8192, 16384):
-            bn = triton.next_power_of_2(n)
-            bm = max(1, tile // bn)
-            for w in (4, 8):
-                out.append((f"multirow m{bm} w{w}", "tile", (bm, bn, w)))
-    if 512 <= n <= 65536:
+        bn = triton.next_power_of_2(n)
+        for tile in (1024, 2048, 4096):
+            out.append((f"multirow m{max(1, tile // bn)} w4", "tile", (max(1, tile // bn), bn, 4, 2)))
+    if 1024 <= n <= 65536:
         bn = triton.next_power_of_2(n)
         for w in (4, 8, 16, 32):
-            if bn // (w * 32) <= 64 and bn // (w * 32) >= 1:
-                out.append((f"row w{w}", "tile", (1, bn, w)))
-    if n >= 4096:
-        for chunk in (1024, 2048, 4096, 8192):
-            for w in (4, 8, 16):
-                if chunk // (w * 32) >= 2 and chunk <= n:
-                    out.append((f"looped c{chunk} w{w}", "loop", (chunk, w)))
+            if 1 <= bn // (w * 32) <= 64:
+                out.append((f"row w{w}", "tile", (1, bn, w, 2)))
+    if n >= 16384:
+        for chunk, w, st in ((4096, 16, 2), (8192, 16, 2), (8192, 16, 3), (8192, 32, 2), (16384, 16, 2),
+                             (16384, 32, 2), (16384, 32, 1)):
+            if chunk <= n:
+                out.append((f"looped c{chunk} w{w} s{st}", "loop", (chunk, w, st)))
     return out
 
 
@@ -69,11 +67,11 @@ def launch_config(call, kind, params):
     s = torch.empty_like(y) if call.problem.has_residual else None
     args = tk._common_args(call, y, s)
     if kind == "tile":
-        bm, bn, w = params
-        tk._tile((triton.cdiv(call.problem.rows, bm),), args + (bm, bn), num_warps=w)
+        bm, bn, w, st = params
+        tk._tile((triton.cdiv(call.problem.rows, bm),), args + (bm, bn), num_warps=w, num_stages=st)
     else:
-        chunk, w = params
-        tk._looped((call.problem.rows,), args + (chunk,), num_warps=w)
+        chunk, w, st = params
+        tk._looped((call.problem.rows,), args + (chunk,), num_warps=w, num_stages=st)
     return (y, s) if s is not None else y
 
 
@@ -83,6 +81,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--ops", default="layer_norm,rms_norm,add_layer_norm,add_rms_norm")
     ap.add_argument("--dtypes", default="bfloat16,float16,float32")
+    ap.add_argument("--ns", default="", help="only these N (comma-separated)")
+    ap.add_argument("--skip-wall", action="store_true")
     args = ap.parse_args()
     dev = torch.device("cuda")
     bw = measure_copy_bandwidth(dev, nbytes=1 << 30)
@@ -94,6 +94,8 @@ def main():
             dtype = getattr(torch, dname)
             shapes = LLM if dname == "bfloat16" or not args.quick else [LLM[0], LLM[3], LLM[5], LLM[6]]
             for rows, n in shapes:
+                if args.ns and str(n) not in args.ns.split(","):
+                    continue
                 case = cases.make_case(op, (rows, n), dtype)
                 (xargs, kw) = case.make(dev)
                 x = xargs[0]
@@ -127,7 +129,7 @@ def main():
                                             eager_pct=pct(eager_ms),
                                             alts={k: (pct(v[0]) if v[0] == v[0] else None, v[1]) for k, v in alts.items()}))
     # wall time per call at small shapes (host overhead)
-    for shape in [(2, 32, 256), (8, 128, 768), (1, 1, 4096)]:
+    for shape in [] if args.skip_wall else [(2, 32, 256), (8, 128, 768), (1, 1, 4096)]:
         x = torch.randn(*shape, device=dev, dtype=torch.bfloat16)
         w = torch.randn(shape[-1], device=dev, dtype=torch.bfloat16)
         b = torch.randn(shape[-1], device=dev, dtype=torch.bfloat16)

@@ -26,6 +26,34 @@ def _raw_stream_getter():
     return getter
 
 
+def _current_device() -> int:
+    return torch.cuda.current_device()
+
+
+def _spec_tensor(t: torch.Tensor) -> tuple:
+    return (t.dtype, t.data_ptr() & 15 == 0)
+
+
+def _spec_int(v: int) -> tuple:
+    return (v == 1, v & 15 == 0, _I32_MIN <= v <= _I32_MAX)
+
+
+def _spec_other(v: Any) -> Any:
+    return type(v) if isinstance(v, float) else v
+
+
+_SPEC = {torch.Tensor: _spec_tensor, int: _spec_int, bool: lambda v: ("b", v), float: _spec_other}
+_IDENTITY = lambda v: v  # noqa: E731 - constexprs are keyed by value
+
+
+def _hook_active(hook: Any) -> bool:
+    """Triton >= 3.5 keeps launch hooks in (usually empty) chains; older ones use None."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True
+
+
 class TritonLauncher:
     """Launch one ``@triton.jit`` kernel, caching its compiled binary per specialization.
 
@@ -38,52 +66,46 @@ class TritonLauncher:
 
     def __init__(self, kernel: Any):
         self.kernel = kernel
-        params = getattr(kernel, "params", None)  # the interpreter's wrapper has none
+        params = getattr(kernel, "params", None)
+        # Under TRITON_INTERPRET=1 the decorator returns an interpreted function: no params, no binary.
+        self.interpreted = params is None or triton_interpreting()
         self._constexpr = tuple(bool(p.is_constexpr) for p in params) if params is not None else ()
         self._compiled: dict[tuple, Any] = {}
-        self._hooks = None
-        self._stream = None
+        self._hooks: Any = None
+        self._stream = _raw_stream_getter()
         self.fast_path = False  # becomes True once a compiled kernel has been launched directly
 
     def _key(self, args: Sequence[Any], num_warps: int, num_stages: int) -> tuple:
-        key: list[Any] = [num_warps, num_stages]
-        for arg, is_constexpr in zip(args, self._constexpr):
-            if is_constexpr:
-                key.append(arg)
-            elif isinstance(arg, torch.Tensor):
-                key.append((arg.dtype, arg.data_ptr() & 15 == 0, arg.device.index))
-            elif isinstance(arg, bool):
-                key.append(("b", arg))
-            elif isinstance(arg, int):
-                key.append((arg == 1, arg & 15 == 0, _I32_MIN <= arg <= _I32_MAX))
-            elif isinstance(arg, float):
-                key.append("f")
-            else:
-                key.append(arg)
-        return tuple(key)
+        spec = _SPEC
+        return (num_warps, num_stages, args[0].device.index) + tuple(
+            _IDENTITY(a) if c else spec.get(type(a), _spec_other)(a) for a, c in zip(args, self._constexpr))
 
     def __call__(self, grid: tuple, args: Sequence[Any], num_warps: int = 4, num_stages: int = 2) -> None:
-        if triton_interpreting():
+        if self.interpreted:
             self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
+        index = args[0].device.index
+        if index != _current_device():  # compile and launch in the tensors' device context
+            with torch.cuda.device(index):
+                self._launch(grid, args, num_warps, num_stages)
+            return
+        self._launch(grid, args, num_warps, num_stages)
+
+    def _launch(self, grid: tuple, args: Sequence[Any], num_warps: int, num_stages: int) -> None:
         key = self._key(args, num_warps, num_stages)
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             self._compiled[key] = self._prepare(compiled)
             return
-        if compiled is False:  # this triton's compiled kernels cannot be launched directly
+        if compiled is False or _hook_active(self._hooks.launch_enter_hook) \
+                or _hook_active(self._hooks.launch_exit_hook):
+            # this Triton's binaries cannot be launched directly, or a profiler wants launch metadata
             self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
         function, packed, run = compiled
-        enter, exit_ = self._hooks.launch_enter_hook, self._hooks.launch_exit_hook
-        if enter is not None or exit_ is not None:  # a profiler wants launch metadata: use Triton's path
-            self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
-            return
-        grid_1 = grid[1] if len(grid) > 1 else 1
-        grid_2 = grid[2] if len(grid) > 2 else 1
-        run(grid[0], grid_1, grid_2, self._stream(torch.cuda.current_device()), function, packed, None,
-            None, None, *args)
+        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+            self._stream(args[0].device.index), function, packed, None, None, None, *args)
         self.fast_path = True
 
     def _prepare(self, compiled: Any) -> Any:
@@ -92,7 +114,6 @@ class TritonLauncher:
             from triton import knobs
 
             self._hooks = knobs.runtime
-            self._stream = _raw_stream_getter()
             return (compiled.function, compiled.packed_metadata, compiled.run)
         except (ImportError, AttributeError):
             return False

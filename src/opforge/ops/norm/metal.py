@@ -93,7 +93,7 @@ def _launch(call: NormCall, variant: str) -> Any:
     group, rows_per_group = group_config(variant, p.n, p.rows, max_threads)
     flags = (1 if w is not None else 0) | (2 if b is not None else 0)
     dummy = y  # bound where a kernel reads nothing (no weight, no bias, no residual output)
-    rows_per_launch = MAX_THREADS_PER_LAUNCH // group * rows_per_group
+    rows_per_launch = max(1, MAX_THREADS_PER_LAUNCH // group) * rows_per_group
     for base in range(0, p.rows, rows_per_launch):
         groups = -(-min(rows_per_launch, p.rows - base) // rows_per_group)
         fn(x, r, dummy if w is None else w, dummy if b is None else b, y, dummy if s is None else s,

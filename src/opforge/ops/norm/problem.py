@@ -42,17 +42,15 @@ class NormProblem:
         return f"x {str(self.dtype).replace('torch.', '')} ({self.rows} rows x N={self.n}) {self.device_type}"
 
 
-@dataclass
 class NormCall:
     """A validated call: the problem, the row views of the inputs, and the parameters."""
 
-    problem: NormProblem
-    x: Rows
-    residual: Optional[Rows]
-    weight: Optional[torch.Tensor]
-    bias: Optional[torch.Tensor]
-    eps: float
-    shape: torch.Size
+    __slots__ = ("problem", "x", "residual", "weight", "bias", "eps", "shape")
+
+    def __init__(self, problem: NormProblem, x: Rows, residual: Optional[Rows], weight: Optional[torch.Tensor],
+                 bias: Optional[torch.Tensor], eps: float, shape: torch.Size):
+        self.problem, self.x, self.residual = problem, x, residual
+        self.weight, self.bias, self.eps, self.shape = weight, bias, eps, shape
 
     @property
     def note(self) -> str:
@@ -60,9 +58,62 @@ class NormCall:
         return "; ".join(notes)
 
 
+_ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))
+_problems: dict[tuple, NormProblem] = {}
+
+
+def _problem(op: str, dtype: torch.dtype, n: int, rows: int, device_type: str,
+             w_dtype: Optional[torch.dtype], b_dtype: Optional[torch.dtype]) -> NormProblem:
+    """Problems are interned per (op, dtype, N, weight/bias dtypes, device type) for the hot path."""
+    key = (op, dtype, n, device_type, w_dtype, b_dtype)
+    problem = _problems.get(key)
+    if problem is None or problem.rows != rows:
+        problem = NormProblem(op, dtype, n, rows, device_type, w_dtype, b_dtype)
+        if len(_problems) > 4096:
+            _problems.clear()
+        _problems[key] = problem
+    return problem
+
+
 def prepare(op: str, x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
             bias: Optional[torch.Tensor], eps: object) -> NormCall:
-    """Check every argument (raising before anything is written) and describe the call."""
+    """Check every argument (raising before anything is written) and describe the call.
+
+    The common case (float x, matching parameters, one device) costs a few attribute reads;
+    anything unusual goes through the detailed checks, which produce the error messages.
+    """
+    if not isinstance(x, torch.Tensor) or x.dtype not in _ACCEPTED or x.dim() == 0:
+        _detailed_checks(op, x, residual, weight, bias, eps)
+    shape = x.shape
+    n = shape[-1]
+    device = x.device
+    dtype = x.dtype
+    fast = n > 0 and type(eps) is float and 0.0 <= eps < float("inf")
+    if fast and op[0] == "a":  # add_*: residual must match x exactly
+        fast = isinstance(residual, torch.Tensor) and residual.dtype == dtype and residual.shape == shape \
+            and residual.device == device
+    w_dtype = b_dtype = None
+    if fast and weight is not None:
+        w_dtype = weight.dtype
+        fast = weight.shape == (n,) and weight.device == device and w_dtype in _ACCEPTED \
+            and (w_dtype != torch.float64 or dtype == torch.float64)
+    if fast and bias is not None:
+        b_dtype = bias.dtype
+        fast = bias.shape == (n,) and bias.device == device and b_dtype in _ACCEPTED \
+            and (b_dtype != torch.float64 or dtype == torch.float64)
+    if not fast:
+        eps = _detailed_checks(op, x, residual, weight, bias, eps)
+    if weight is not None and not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    problem = _problem(op, dtype, n, x.numel() // n, device.type, w_dtype, b_dtype)
+    return NormCall(problem, as_rows(x, "x"), as_rows(residual, "residual") if residual is not None else None,
+                    weight, bias, eps, shape)
+
+
+def _detailed_checks(op: str, x: object, residual: object, weight: object, bias: object, eps: object) -> float:
+    """The full validation, with messages naming the argument; returns eps as a float."""
     check_float_tensor("x", x)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., N), got a 0-d tensor")
@@ -80,14 +131,4 @@ def prepare(op: str, x: torch.Tensor, residual: Optional[torch.Tensor], weight: 
         check_optional_vector(name, t, n, device)
         if t is not None and t.dtype == torch.float64 and x.dtype != torch.float64:
             raise TypeError(f"{name} may be float64 only when x is float64, got {name} float64 with x {x.dtype}")
-    eps = check_eps(eps)
-    rows = x.numel() // n
-    problem = NormProblem(op, x.dtype, n, rows, device.type,
-                          None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-    x_rows = as_rows(x, "x")
-    r_rows = as_rows(residual, "residual") if residual is not None else None
-    if weight is not None and not weight.is_contiguous():
-        weight = weight.contiguous()
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
-    return NormCall(problem, x_rows, r_rows, weight, bias, eps, x.shape)
+    return check_eps(eps)
