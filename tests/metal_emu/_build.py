@@ -18,13 +18,13 @@ from pathlib import Path
 
 from ._source import Kernel, strip_metal_includes, translate
 
-__all__ = ["BuildResult", "build", "cache_dir", "compiler"]
+__all__ = ["BuildResult", "build", "cache_dir", "compiler", "plan"]
 
 HERE = Path(__file__).resolve().parent
 SHIM_FILES = ("metal_shim.h", "emu_exec.h")
 CXXFLAGS = (
     "-std=c++20",
-    "-O2",
+    "-O1",
     "-fPIC",
     "-shared",
     "-pthread",
@@ -78,8 +78,8 @@ def _preprocess(cxx: str, source: str, filename: str, metal_version: int) -> str
     return proc.stdout
 
 
-def build(source: str, filename: str = "source.metal", metal_version: int = 310) -> BuildResult:
-    """Compile `source` (MSL text) for the emulator; reuse a cached build if any."""
+def plan(source: str, filename: str = "source.metal", metal_version: int = 310) -> tuple[str, list[Kernel], str]:
+    """The C++ a build compiles, the kernels in it, and its cache key (nothing compiled)."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("the Metal emulator needs a C++20 compiler (g++); none found on PATH")
@@ -90,7 +90,14 @@ def build(source: str, filename: str = "source.metal", metal_version: int = 310)
     h.update(cpp.encode())
     h.update(" ".join(CXXFLAGS).encode())
     h.update(_compiler_version(cxx).encode())
-    key = h.hexdigest()[:24]
+    return cpp, kernels, h.hexdigest()[:24]
+
+
+def build(source: str, filename: str = "source.metal", metal_version: int = 310) -> BuildResult:
+    """Compile `source` (MSL text) for the emulator; reuse a cached build if any."""
+    cpp, kernels, key = plan(source, filename, metal_version)
+    cxx = compiler()
+    assert cxx is not None
     out_dir = cache_dir() / key
     lib = out_dir / "kernels.so"
     if lib.exists():

@@ -316,18 +316,40 @@ template <class T>
 inline bool isinf(T x) {
   return std::isinf(static_cast<float>(x));
 }
-template <class T, int N>
-inline vec<T, N> min(const vec<T, N>& a, const vec<T, N>& b) {
-  vec<T, N> r;
-  for (int i = 0; i < N; ++i) r[i] = min(a[i], b[i]);
-  return r;
-}
-template <class T, int N>
-inline vec<T, N> max(const vec<T, N>& a, const vec<T, N>& b) {
-  vec<T, N> r;
-  for (int i = 0; i < N; ++i) r[i] = max(a[i], b[i]);
-  return r;
-}
+// Vector forms of the templated scalar functions, component by component.
+#define EMU_VEC_FN1(name)                                  \
+  template <class T, int N>                                \
+  inline vec<T, N> name(const vec<T, N>& a) {              \
+    vec<T, N> r;                                           \
+    for (int i = 0; i < N; ++i) r[i] = name(a[i]);         \
+    return r;                                              \
+  }
+#define EMU_VEC_FN2(name)                                           \
+  template <class T, int N>                                         \
+  inline vec<T, N> name(const vec<T, N>& a, const vec<T, N>& b) {   \
+    vec<T, N> r;                                                    \
+    for (int i = 0; i < N; ++i) r[i] = name(a[i], b[i]);            \
+    return r;                                                       \
+  }
+#define EMU_VEC_FN3(name)                                                              \
+  template <class T, int N>                                                            \
+  inline vec<T, N> name(const vec<T, N>& a, const vec<T, N>& b, const vec<T, N>& c) {  \
+    vec<T, N> r;                                                                       \
+    for (int i = 0; i < N; ++i) r[i] = name(a[i], b[i], c[i]);                         \
+    return r;                                                                          \
+  }
+EMU_VEC_FN1(abs)
+EMU_VEC_FN2(min)
+EMU_VEC_FN2(max)
+EMU_VEC_FN2(fmin)
+EMU_VEC_FN2(fmax)
+EMU_VEC_FN2(pow)
+EMU_VEC_FN3(clamp)
+EMU_VEC_FN3(fma)
+EMU_VEC_FN3(mix)
+#undef EMU_VEC_FN1
+#undef EMU_VEC_FN2
+#undef EMU_VEC_FN3
 template <class T, int N>
 inline T dot(const vec<T, N>& a, const vec<T, N>& b) {
   T s = T(0);

@@ -1,0 +1,100 @@
+"""The emulator catches real kernel bugs: deliberately broken copies of norm.metal must fail
+the same checks the correct kernels pass.
+
+Each mutant is norm.metal with one edit (a barrier removed, an index off by one, a reduction
+over 31 lanes), cut down to the float32 kernels it needs so it builds quickly. The launcher
+is pointed at the mutant's file, and the ordinary check (public API or variant launcher
+against the float64 oracle, NaN-poisoned outputs) runs on it. The check must fail, by a wrong
+value or by an error the emulator raises (a write outside a buffer). The unmutated cut-down
+source passes the same checks, so each failure is the mutation's doing.
+"""
+import re
+
+import pytest
+import torch
+
+from opforge.ops.norm import metal as norm_metal
+
+from metal_checks import run
+
+pytestmark = pytest.mark.usefixtures("emulate")
+
+KEEP = ("layer_norm", "rms_norm")  # the ops the cut-down source instantiates, float32 only
+
+
+def cut_down(source: str) -> str:
+    """norm.metal with only the float32 kernels of KEEP instantiated."""
+    start = source.index("NORM_ALL_OPS(float, float)")
+    head = re.sub(r"^#define NORM_ALL_OPS.*?\n\n", "", source[:start], flags=re.S | re.M)
+    kernels = {"layer_norm": "false, false", "rms_norm": "true, false"}
+    return head + "".join(f"NORM_KERNELS({op}, {kernels[op]}, float, float)\n" for op in KEEP)
+
+
+def mutate(source: str, function: str, old: str, new: str, occurrence: int = 1) -> str:
+    """Replace the ``occurrence``-th ``old`` inside the body of ``function`` with ``new``."""
+    start = source.index(f" {function}(")
+    end = source.index("\n}\n", start)
+    body = source[start:end]
+    at = -1
+    for _ in range(occurrence):
+        at = body.index(old, at + 1)
+    return source[:start] + body[:at] + new + body[at + len(old):] + source[end:]
+
+
+BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+
+# (id, function, old text, new text, occurrence, (op, variant, n) checks that must fail).
+# A check must exercise the broken value: layer_norm's rough mean m0 is only a shift that the
+# correction m1 undoes, so a bug confined to m0's reduction is caught through rms_norm instead.
+MUTANTS = [
+    ("barrier-before-partials-removed", "threadgroup_sum", BARRIER, "", 1,
+     [("layer_norm", "row", 1000), ("rms_norm", "looped", 5000)]),
+    ("barrier-before-scratch-reuse-removed", "threadgroup_sum", BARRIER, "", 2,
+     [("layer_norm", "row", 1000), ("layer_norm", "looped", 5000)]),
+    ("barrier-in-pair-sum-removed", "threadgroup_sum2", BARRIER, "", 1,
+     [("layer_norm", "row", 1000), ("rms_norm", "row", 1000)]),
+    ("load-index-off-by-one", "norm_row", "load_elem<T, ADD>(xr, rr, sr, i)",
+     "load_elem<T, ADD>(xr, rr, sr, i + 1)", 1,
+     [("layer_norm", "row", 1000), ("rms_norm", "row", 300)]),
+    ("loop-bound-off-by-one", "norm_row", "i < n ? load_elem", "i <= n ? load_elem", 1,
+     [("layer_norm", "row", 1000)]),
+    ("store-index-off-by-one", "norm_looped", "yr[i] =", "yr[i + 1] =", 1,
+     [("layer_norm", "looped", 5000), ("rms_norm", "looped", 4500)]),
+    ("lane-index-off-by-one", "norm_multirow", "long(lane) + long(k)", "long(lane + 1) + long(k)", 1,
+     [("layer_norm", "multirow", 100), ("rms_norm", "multirow", 33)]),
+    ("pair-reduction-over-31-lanes", "threadgroup_sum2", "a = simd_sum(a);\n  b = simd_sum(b);",
+     "if (lane < 31) {\n    a = simd_sum(a);\n    b = simd_sum(b);\n  }", 1,
+     [("layer_norm", "row", 1000), ("rms_norm", "row", 1000), ("layer_norm", "looped", 5000)]),
+    ("reduction-over-31-lanes", "threadgroup_sum", "v = simd_sum(v);",
+     "if (lane < 31) { v = simd_sum(v); }", 1,
+     [("rms_norm", "looped", 5000)]),
+    ("simd-row-sum-over-31-lanes", "norm_multirow", "simd_sum(q)", "simd_sum(lane < 31 ? q : 0.0f)", 1,
+     [("rms_norm", "multirow", 200), ("layer_norm", "multirow", 77)]),
+]
+
+
+def _use_source(tmp_path, monkeypatch, source: str) -> None:
+    path = tmp_path / "norm.metal"
+    path.write_text(source)
+    monkeypatch.setattr(norm_metal, "SOURCE", path)
+
+
+def test_cut_down_source_passes_every_check(tmp_path, monkeypatch):
+    _use_source(tmp_path, monkeypatch, cut_down(norm_metal.SOURCE.read_text()))
+    for *_, checks in MUTANTS:
+        for op, variant, n in checks:
+            run(op, (3, n), torch.float32, variant=variant)
+            if variant == "row" or variant == "multirow":
+                run(op, (3, n), torch.float32)  # through the public API too
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
+    import metal_emu
+    name, function, old, new, occurrence, checks = mutant
+    source = mutate(cut_down(norm_metal.SOURCE.read_text()), function, old, new, occurrence)
+    assert source != cut_down(norm_metal.SOURCE.read_text())
+    _use_source(tmp_path, monkeypatch, source)
+    for op, variant, n in checks:
+        with pytest.raises((AssertionError, metal_emu.EmulatorError)):
+            run(op, (3, n), torch.float32, variant=variant)
