@@ -18,8 +18,6 @@ import opforge.ops.norm.metal  # noqa: E402,F401  (registers the metal variants)
 
 metal_runtime.set_emulator(metal_emu.compile_shader)
 
-NORM_METAL = Path(opforge.ops.norm.metal.SOURCE)
-
 
 @pytest.fixture
 def emulate(monkeypatch):
@@ -31,10 +29,3 @@ def emulate(monkeypatch):
     yield metal_emu
     registry.clear_cache()
 
-
-@pytest.fixture(scope="session")
-def norm_library():
-    """The emulated build of norm.metal (built once per session, cached on disk by hash)."""
-    if not metal_emu.available():
-        pytest.skip("the Metal emulator needs g++ (C++20)")
-    return metal_emu.compile_file(NORM_METAL)

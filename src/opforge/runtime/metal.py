@@ -135,5 +135,13 @@ def kernel(path: Path, name: str, device_type: str) -> Any:
     lib = library(path, device_type)
     try:
         return getattr(lib, name)
-    except AttributeError:
-        raise RuntimeError(f"{Path(path).name} has no kernel {name!r}") from None
+    except Exception as exc:  # torch's libraries raise RuntimeError for an unknown name
+        raise RuntimeError(f"{Path(path).name} has no kernel {name!r} here ({exc})") from None
+
+
+def max_threads_per_threadgroup(fn: Any, default: int = 1024) -> int:
+    """The most threads a threadgroup of kernel ``fn`` may have (its pipeline's limit)."""
+    value = getattr(fn, "max_threads_per_threadgroup", None)
+    if callable(value):
+        value = value()
+    return int(value) if value else default

@@ -16,6 +16,7 @@ launcher checks every tensor it binds. Importing this module registers the varia
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Optional
 
@@ -89,7 +90,7 @@ def _launch(call: NormCall, variant: str) -> Any:
     w = None if call.weight is None else _checked("weight", call.weight.to(w_dtype), w_dtype, device)
     b = None if call.bias is None else _checked("bias", call.bias.to(w_dtype), w_dtype, device)
     fn = metal_runtime.kernel(SOURCE, kernel_name(p.op, variant, p.dtype, w_dtype), device.type)
-    max_threads = int(getattr(fn, "max_threads_per_threadgroup", MAX_GROUP) or MAX_GROUP)
+    max_threads = metal_runtime.max_threads_per_threadgroup(fn, MAX_GROUP)
     group, rows_per_group = group_config(variant, p.n, p.rows, max_threads)
     flags = (1 if w is not None else 0) | (2 if b is not None else 0)
     dummy = y  # bound where a kernel reads nothing (no weight, no bias, no residual output)
@@ -124,9 +125,14 @@ def _dtype_reason(p: NormProblem) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _has_bfloat_kernels() -> bool:
-    lib = metal_runtime.library(SOURCE, "mps")
-    return hasattr(lib, kernel_name("layer_norm", "looped", torch.bfloat16, torch.bfloat16))
+    """Whether this Mac's Metal compiled the bfloat kernels (``__METAL_VERSION__ >= 310``)."""
+    try:
+        metal_runtime.kernel(SOURCE, kernel_name("layer_norm", "looped", torch.bfloat16, torch.bfloat16), "mps")
+    except RuntimeError:
+        return False
+    return True
 
 
 def supports_multirow(p: NormProblem) -> Optional[str]:
