@@ -181,6 +181,47 @@ class _GuardedStorage:
         ctypes.memmove(self.src, self.lo, self.size)
 
 
+class _Binding:
+    """The buffer pointers of one launch.
+
+    Tensors are bound through guarded copies, one per storage (so arguments that alias
+    still alias), at their storage offsets; scalars through small byte buffers.
+    """
+
+    def __init__(self, args: Sequence[Any], casts: dict[int, str]):
+        self.pointers = (ctypes.c_void_p * max(1, len(args)))()
+        self._scalars: list[Any] = []  # keeps the scalar buffers alive during the launch
+        self._storages: dict[int, tuple[_GuardedStorage, int]] = {}
+        starts: dict[int, int] = {}
+        sizes: dict[int, int] = {}
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                key = a.untyped_storage().data_ptr()
+                off = a.storage_offset() * a.element_size()
+                starts[key] = min(off, starts.get(key, off))
+                sizes[key] = _GuardedStorage.footprint(a.untyped_storage().nbytes() - starts[key])
+        base = _arena(sum(sizes.values()))
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                key = a.untyped_storage().data_ptr()
+                if key not in self._storages:
+                    self._storages[key] = (_GuardedStorage(a, starts[key], base), i)
+                    base += sizes[key]
+                storage = self._storages[key][0]
+                self.pointers[i] = storage.pointer(a.storage_offset() * a.element_size())
+            elif isinstance(a, (bool, int, float, list, tuple)):
+                buf = ctypes.create_string_buffer(_scalar_bytes(a, casts.get(i)))
+                self._scalars.append(buf)
+                self.pointers[i] = ctypes.addressof(buf)
+            else:
+                raise TypeError(f"argument {i}: cannot pass {type(a).__name__} to a Metal kernel")
+
+    def finish(self) -> None:
+        """Check the guard zones and copy every storage back."""
+        for storage, first_arg in self._storages.values():
+            storage.finish(first_arg)
+
+
 class EmulatedKernel:
     """One kernel of an emulated library; call it like an MPS shader kernel."""
 
@@ -204,7 +245,6 @@ class EmulatedKernel:
         group_size: int | Sequence[int] | None = None,
         arg_casts: dict[int, str] | None = None,
     ) -> None:
-        casts = dict(arg_casts or {})
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         for i, t in tensors:
             if t.device.type != "cpu":
@@ -224,46 +264,16 @@ class EmulatedKernel:
                 f"group_size {group} exceeds the kernel's maximum of {MAX_THREADS_PER_THREADGROUP} threads"
             )
 
-        # Bind tensors through guarded copies (one per storage, so aliasing
-        # arguments still alias) and scalars through small byte buffers.
-        storages: dict[int, _GuardedStorage] = {}
-        starts: dict[int, int] = {}
-        for _, t in tensors:
-            key = t.untyped_storage().data_ptr()
-            off = t.storage_offset() * t.element_size()
-            starts[key] = min(off, starts.get(key, off))
-        sizes = {key: _GuardedStorage.footprint(t.untyped_storage().nbytes() - starts[key])
-                 for _, t in tensors for key in [t.untyped_storage().data_ptr()]}
-        arena = _arena(sum(sizes.values()))
-        cursor = 0
-        pointers = (ctypes.c_void_p * max(1, len(args)))()
-        keep: list[Any] = []
-        owners: dict[int, int] = {}
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                key = a.untyped_storage().data_ptr()
-                if key not in storages:
-                    storages[key] = _GuardedStorage(a, starts[key], arena + cursor)
-                    cursor += sizes[key]
-                    owners[key] = i
-                pointers[i] = storages[key].pointer(a.storage_offset() * a.element_size())
-            elif isinstance(a, (bool, int, float, list, tuple)):
-                buf = ctypes.create_string_buffer(_scalar_bytes(a, casts.get(i)))
-                keep.append(buf)
-                pointers[i] = ctypes.addressof(buf)
-            else:
-                raise TypeError(f"argument {i}: cannot pass {type(a).__name__} to a Metal kernel")
-
+        binding = _Binding(args, dict(arg_casts or {}))
         err = ctypes.create_string_buffer(2048)
         rc = self._library._launch(
-            ctypes.byref(self._entry), pointers, len(args),
+            ctypes.byref(self._entry), binding.pointers, len(args),
             (ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*group),
             _current_schedule(), _workers(), err, len(err),
         )
         if rc != 0:
             raise EmulatorError(f"Metal emulator: kernel {self.name}: {err.value.decode(errors='replace')}")
-        for key, st in storages.items():
-            st.finish(owners[key])
+        binding.finish()
 
 
 class EmulatedLibrary:
