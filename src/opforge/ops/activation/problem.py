@@ -53,17 +53,38 @@ class ActivationProblem:
         return f"{name} {str(self.dtype).replace('torch.', '')} ({shape}{extra}) {self.device_type}"
 
 
-@dataclass
 class ActivationCall:
-    """A validated call: the original tensors (for the torch path) and their kernel layout."""
+    """A validated call: the original tensors (for the torch path) and their kernel layout.
 
-    problem: ActivationProblem
-    x: torch.Tensor
-    up: Optional[torch.Tensor]
-    approximate: Optional[str]
-    layout: str                     # "flat", "dense" or "rows"
-    rows: tuple[Rows, ...]          # per input: what the kernel reads and how rows are addressed
-    note: str
+    ``layout`` is ``"flat"``, ``"dense"`` or ``"rows"``; ``rows`` holds, per input, what the
+    kernel reads and how its rows are addressed.
+    """
+
+    __slots__ = ("problem", "x", "up", "approximate", "layout", "rows", "note")
+
+    def __init__(self, problem: ActivationProblem, x: torch.Tensor, up: Optional[torch.Tensor],
+                 approximate: Optional[str], layout: str, rows: tuple, note: str):
+        self.problem, self.x, self.up, self.approximate = problem, x, up, approximate
+        self.layout, self.rows, self.note = layout, rows, note
+
+
+_ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))
+_problems: dict[tuple, ActivationProblem] = {}
+
+
+def _problem(op: str, dtype: torch.dtype, shape: tuple, device_type: str,
+             approximate: Optional[str]) -> ActivationProblem:
+    """Problems are interned for the hot path (a frozen dataclass costs a microsecond to build)."""
+    key = (op, dtype, shape, device_type, approximate)
+    problem = _problems.get(key)
+    if problem is None:
+        if len(_problems) > 4096:
+            _problems.clear()
+        numel = 1
+        for d in shape:
+            numel *= d
+        problem = _problems[key] = ActivationProblem(op, dtype, numel, device_type, approximate, shape)
+    return problem
 
 
 def is_dense(t: torch.Tensor) -> bool:
@@ -91,7 +112,28 @@ def check_approximate(approximate: object) -> str:
 
 def prepare(op: str, x: torch.Tensor, up: Optional[torch.Tensor] = None,
             approximate: Optional[str] = None) -> ActivationCall:
-    """Check every argument (raising before anything is written) and plan the kernel's layout."""
+    """Check every argument (raising before anything is written) and plan the kernel's layout.
+
+    The common case (packed float tensors, matching ``up``, a valid ``approximate``) costs a few
+    attribute reads; anything else goes through the detailed path, which also makes the errors.
+    """
+    if isinstance(x, torch.Tensor) and x.dtype in _ACCEPTED and x.is_contiguous():
+        gated = op in GATED
+        fast = not gated or (isinstance(up, torch.Tensor) and up.dtype == x.dtype and up.shape == x.shape
+                             and up.is_contiguous() and up.device == x.device)
+        if op in ("gelu", "geglu"):
+            fast = fast and type(approximate) is str and approximate in APPROXIMATIONS
+        else:
+            approximate = None
+        if fast:
+            problem = _problem(op, x.dtype, tuple(x.shape), x.device.type, approximate)
+            rows = (Rows(x, 1, 0, 0, ""), Rows(up, 1, 0, 0, "")) if gated else (Rows(x, 1, 0, 0, ""),)
+            return ActivationCall(problem, x, up if gated else None, approximate, "flat", rows, "")
+    return _prepare_detailed(op, x, up, approximate)
+
+
+def _prepare_detailed(op: str, x: torch.Tensor, up: Optional[torch.Tensor],
+                      approximate: Optional[str]) -> ActivationCall:
     gated = op in GATED
     name = "gate" if gated else "x"
     check_float_tensor(name, x)
@@ -104,7 +146,7 @@ def prepare(op: str, x: torch.Tensor, up: Optional[torch.Tensor] = None,
         if up.device != x.device:
             raise ValueError(f"up is on {up.device} but gate is on {x.device}: all tensors must be on one device")
     approximate = check_approximate(approximate) if op in ("gelu", "geglu") else None
-    problem = ActivationProblem(op, x.dtype, x.numel(), x.device.type, approximate, tuple(x.shape))
+    problem = _problem(op, x.dtype, tuple(x.shape), x.device.type, approximate)
     inputs = (x, up) if gated else (x,)
     layout, rows, note = _plan(inputs, (name, "up"))
     return ActivationCall(problem, x, up if gated else None, approximate, layout, rows, note)

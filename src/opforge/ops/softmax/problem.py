@@ -43,7 +43,6 @@ class SoftmaxProblem:
         return f"x {str(self.dtype).replace('torch.', '')} ({self.rows} rows x N={self.n}) {self.device_type}"
 
 
-@dataclass
 class SoftmaxCall:
     """A validated call: the problem, the rows the kernel reads, and how to give the result x's shape.
 
@@ -52,18 +51,32 @@ class SoftmaxCall:
     already was the last one).
     """
 
-    problem: SoftmaxProblem
-    x: Rows
-    shape: torch.Size
-    dim: Optional[int]
-    note: str
-    scalar: bool = False
+    __slots__ = ("problem", "x", "shape", "dim", "note", "scalar")
+
+    def __init__(self, problem: SoftmaxProblem, x: Rows, shape: torch.Size, dim: Optional[int], note: str,
+                 scalar: bool = False):
+        self.problem, self.x, self.shape, self.dim, self.note, self.scalar = problem, x, shape, dim, note, scalar
 
     def finish(self, y: torch.Tensor) -> torch.Tensor:
         """Give a packed result of ``shape`` the caller's shape (dim moved back, 0-d restored)."""
         if self.scalar:
             return y.reshape(())
         return y if self.dim is None else y.movedim(-1, self.dim)
+
+
+_ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))
+_problems: dict[tuple, SoftmaxProblem] = {}
+
+
+def _problem(op: str, dtype: torch.dtype, n: int, rows: int, device_type: str) -> SoftmaxProblem:
+    """Problems are interned for the hot path (a frozen dataclass costs a microsecond to build)."""
+    key = (op, dtype, n, rows, device_type)
+    problem = _problems.get(key)
+    if problem is None:
+        if len(_problems) > 4096:
+            _problems.clear()
+        problem = _problems[key] = SoftmaxProblem(op, dtype, n, rows, device_type)
+    return problem
 
 
 def check_dim(dim: object, ndim: int) -> int:
@@ -77,7 +90,24 @@ def check_dim(dim: object, ndim: int) -> int:
 
 
 def prepare(op: str, x: torch.Tensor, dim: object) -> SoftmaxCall:
-    """Check every argument (raising before anything is written) and describe the call."""
+    """Check every argument (raising before anything is written) and describe the call.
+
+    The common case (a packed float tensor, softmax over its last dimension) costs a few
+    attribute reads; anything else goes through the detailed path, which also makes the errors.
+    """
+    if isinstance(x, torch.Tensor) and x.dtype in _ACCEPTED and type(dim) is int and x.is_contiguous():
+        shape = x.shape
+        ndim = len(shape)
+        if ndim and (dim == -1 or dim == ndim - 1) and shape[-1]:
+            n = shape[-1]
+            rows = x.numel() // n
+            if rows:
+                return SoftmaxCall(_problem(op, x.dtype, n, rows, x.device.type), Rows(x, rows, 0, n, ""),
+                                   shape, None, "")
+    return _prepare_detailed(op, x, dim)
+
+
+def _prepare_detailed(op: str, x: torch.Tensor, dim: object) -> SoftmaxCall:
     check_float_tensor("x", x)
     d = check_dim(dim, x.dim())
     moved_dim = None
@@ -90,7 +120,7 @@ def prepare(op: str, x: torch.Tensor, dim: object) -> SoftmaxCall:
         moved_dim = d
     n = x.shape[-1]
     rows = x.numel() // n if n else 0
-    problem = SoftmaxProblem(op, x.dtype, n, rows, x.device.type)
+    problem = _problem(op, x.dtype, n, rows, x.device.type)
     if rows == 0:
         return SoftmaxCall(problem, Rows(x, 1, 0, 0, ""), x.shape, moved_dim, "", scalar)
     r = as_rows(x, "x")
