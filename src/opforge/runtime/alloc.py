@@ -21,6 +21,14 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
     return out
 
 
+def empty_packed_like(x: torch.Tensor) -> torch.Tensor:
+    """A packed tensor of x's shape, dtype and device (``empty_like`` is the cheapest call for that)."""
+    out = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if _poison:
+        out.fill_(float("nan"))
+    return out
+
+
 @contextlib.contextmanager
 def poisoned_outputs(enabled: bool = True) -> Iterator[None]:
     """Fill every opforge output with NaN before the kernel runs (a testing aid; costs a write)."""

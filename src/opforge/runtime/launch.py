@@ -10,13 +10,17 @@ directly. The first call of each key goes through Triton's own path, which compi
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import os
+from typing import Any, Optional, Sequence
 
 import torch
 
 from .backends import triton_interpreting
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+# OPFORGE_CHECK_LAUNCH_KEYS=1 (set by the GPU test run) checks every caller-supplied key against
+# the generic one, so a key that misses part of Triton's specialization fails loudly.
+_CHECK_KEYS = os.environ.get("OPFORGE_CHECK_LAUNCH_KEYS", "") not in ("", "0")
 
 
 def _raw_stream_getter():
@@ -71,6 +75,7 @@ class TritonLauncher:
         self.interpreted = params is None or triton_interpreting()
         self._constexpr = tuple(bool(p.is_constexpr) for p in params) if params is not None else ()
         self._compiled: dict[tuple, Any] = {}
+        self._generic_of: dict[tuple, tuple] = {}
         self._hooks: Any = None
         self._stream = _raw_stream_getter()
         self.fast_path = False  # becomes True once a compiled kernel has been launched directly
@@ -80,19 +85,28 @@ class TritonLauncher:
         return (num_warps, num_stages, args[0].device.index) + tuple(
             _IDENTITY(a) if c else spec.get(type(a), _spec_other)(a) for a, c in zip(args, self._constexpr))
 
-    def __call__(self, grid: tuple, args: Sequence[Any], num_warps: int = 4, num_stages: int = 2) -> None:
+    def __call__(self, grid: tuple, args: Sequence[Any], num_warps: int = 4, num_stages: int = 2,
+                 key: Optional[tuple] = None) -> None:
+        """Launch on ``grid``. ``key``, if given, must determine Triton's specialization of ``args``
+        (the caller vouches for it, which saves computing the generic key); None means generic."""
         if self.interpreted:
             self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
         index = args[0].device.index
         if index != _current_device():  # compile and launch in the tensors' device context
             with torch.cuda.device(index):
-                self._launch(grid, args, num_warps, num_stages)
+                self._launch(grid, args, num_warps, num_stages, None)
             return
-        self._launch(grid, args, num_warps, num_stages)
+        self._launch(grid, args, num_warps, num_stages, key)
 
-    def _launch(self, grid: tuple, args: Sequence[Any], num_warps: int, num_stages: int) -> None:
-        key = self._key(args, num_warps, num_stages)
+    def _launch(self, grid: tuple, args: Sequence[Any], num_warps: int, num_stages: int,
+                key: Optional[tuple]) -> None:
+        if key is None or _CHECK_KEYS:
+            generic = self._key(args, num_warps, num_stages)
+            if key is None:
+                key = generic
+            elif self._generic_of.setdefault(key, generic) != generic:
+                raise AssertionError(f"launch key {key} stands for two specializations")
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)

@@ -28,9 +28,9 @@ from ...runtime.launch import TritonLauncher
 from .problem import HALF_AND_SINGLE, NormCall, NormProblem
 
 MULTIROW_MAX_N = 1024
-TILE_ELEMENTS = 2048              # elements a multirow program holds (BLOCK_M * BLOCK_N)
-ROW_MAX_N = {2: 32768, 4: 16384}  # per element size: widest row kept whole in registers
-LOOP_CHUNK = 8192
+TILE_BYTES = 4096                 # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
+ROW_MAX_N = {2: 32768, 4: 32768}  # per element size: widest row kept whole in registers
+LOOP_CHUNK = 16384
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def _row_offsets(row, inner, stride_outer, stride_inner):
     return (row // inner) * stride_outer + (row % inner) * stride_inner
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "x_inner", "r_inner"])
 def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                  x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
                  IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
@@ -74,7 +74,7 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     tl.store(y_ptr + out_off, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "x_inner", "r_inner"])
 def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                    x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
                    IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
@@ -145,23 +145,25 @@ _looped = TritonLauncher(_looped_kernel)
 
 
 @functools.lru_cache(maxsize=None)
-def multirow_config(n: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows (H100-tuned: 2048-element tiles, 4 warps)."""
+def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows: 4 KiB of input, 4 warps (H100-tuned)."""
     block_n = triton.next_power_of_2(n)
-    return max(1, min(128, TILE_ELEMENTS // block_n)), block_n, 4
+    return max(1, min(128, TILE_BYTES // itemsize // block_n)), block_n, 4
 
 
 @functools.lru_cache(maxsize=None)
 def row_config(n: int) -> tuple[int, int, int]:
     """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers."""
     block_n = triton.next_power_of_2(n)
-    return 1, block_n, 4 if block_n <= 2048 else 8 if block_n <= 8192 else 16
+    warps = 4 if block_n <= 2048 else 8 if block_n <= 8192 else 16 if block_n <= 16384 else 32
+    return 1, block_n, warps
 
 
 @functools.lru_cache(maxsize=None)
 def looped_config(n: int) -> tuple[int, int]:
     """(CHUNK, num_warps) for the looped variant."""
-    return min(LOOP_CHUNK, triton.next_power_of_2(n)), 16
+    chunk = min(LOOP_CHUNK, triton.next_power_of_2(n))
+    return chunk, max(4, min(32, chunk // 512))
 
 
 def _common_args(call: NormCall, y: torch.Tensor, s: Optional[torch.Tensor]) -> tuple:
@@ -174,10 +176,28 @@ def _common_args(call: NormCall, y: torch.Tensor, s: Optional[torch.Tensor]) -> 
             call.eps, p.is_rms, p.has_residual, call.weight is not None, call.bias is not None)
 
 
+_I32_MAX = 2**31 - 1
+
+
+def _launch_key(call: NormCall, config: tuple) -> Optional[tuple]:
+    """A cheap key that fixes Triton's specialization of the kernel arguments, or None for the
+    generic path: pointers must all be 16-byte aligned and no integer may be 1 or beyond int32
+    (rows and inner are not specialized; outputs are fresh, hence aligned)."""
+    x, r = call.x, call.residual or call.x
+    w, b = call.weight, call.bias
+    ptrs = x.tensor.data_ptr() | r.tensor.data_ptr() | (w.data_ptr() if w is not None else 0) \
+        | (b.data_ptr() if b is not None else 0)
+    p = call.problem
+    if ptrs & 15 or p.n == 1 or max(x.stride_outer, x.stride_inner, r.stride_outer, r.stride_inner) > _I32_MAX:
+        return None
+    return (config, p.op, p.key, x.stride_outer & 15, x.stride_inner & 15, r.stride_outer & 15,
+            r.stride_inner & 15)
+
+
 def _outputs(call: NormCall):
     x = call.x.tensor
-    y = alloc.empty(call.shape, x.dtype, x.device)
-    s = alloc.empty(call.shape, x.dtype, x.device) if call.problem.has_residual else None
+    y = alloc.empty_packed_like(x)
+    s = alloc.empty_packed_like(x) if call.problem.has_residual else None
     return y, s
 
 
@@ -187,23 +207,28 @@ def _finish(y: torch.Tensor, s: Optional[torch.Tensor]):
 
 def launch_multirow(call: NormCall):
     y, s = _outputs(call)
-    block_m, block_n, warps = multirow_config(call.problem.n)
+    config = multirow_config(call.problem.n, call.problem.dtype.itemsize)
+    block_m, block_n, warps = config
     _tile((triton.cdiv(call.problem.rows, block_m),), _common_args(call, y, s) + (block_m, block_n),
-          num_warps=warps)
+          num_warps=warps, key=_launch_key(call, config))
     return _finish(y, s)
 
 
 def launch_row(call: NormCall):
     y, s = _outputs(call)
-    block_m, block_n, warps = row_config(call.problem.n)
-    _tile((call.problem.rows,), _common_args(call, y, s) + (block_m, block_n), num_warps=warps)
+    config = row_config(call.problem.n)
+    block_m, block_n, warps = config
+    _tile((call.problem.rows,), _common_args(call, y, s) + (block_m, block_n), num_warps=warps,
+          key=_launch_key(call, config))
     return _finish(y, s)
 
 
 def launch_looped(call: NormCall):
     y, s = _outputs(call)
-    chunk, warps = looped_config(call.problem.n)
-    _looped((call.problem.rows,), _common_args(call, y, s) + (chunk,), num_warps=warps)
+    config = looped_config(call.problem.n)
+    chunk, warps = config
+    _looped((call.problem.rows,), _common_args(call, y, s) + (chunk,), num_warps=warps,
+            key=_launch_key(call, config))
     return _finish(y, s)
 
 
