@@ -59,6 +59,24 @@ def _needs_interpreter_reexec() -> bool:
 
 def run_verify(ops: Optional[Sequence[str]] = None, quick: bool = False) -> int:
     """Check every op on every available backend; print a table; return 1 on any failure."""
+    emulate_metal = _device_type() == "cpu" and not backends.metal_emulating()
+    if emulate_metal:
+        from .runtime.metal import emulator_unavailable_reason
+        emulate_metal = emulator_unavailable_reason() is None
+    if emulate_metal:
+        print("no Apple GPU here: Metal kernels run in the MSL emulator (tests/metal_emu); "
+              "verified by emulation, not on Apple hardware")
+        os.environ["OPFORGE_METAL_EMULATE"] = "1"
+        registry.clear_cache()
+        try:
+            return _run_verify(ops, quick)
+        finally:
+            del os.environ["OPFORGE_METAL_EMULATE"]
+            registry.clear_cache()
+    return _run_verify(ops, quick)
+
+
+def _run_verify(ops: Optional[Sequence[str]], quick: bool) -> int:
     if _needs_interpreter_reexec():
         env = dict(os.environ, TRITON_INTERPRET="1", OPFORGE_VERIFY_CHILD="1")
         argv = [sys.executable, "-m", "opforge", "verify"] + (["--ops", ",".join(ops)] if ops else []) + \

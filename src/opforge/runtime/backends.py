@@ -63,6 +63,9 @@ def unavailable_reason(backend: str, device_type: str) -> Optional[str]:
             return None if hasattr(torch, "mps") and hasattr(torch.mps, "compile_shader") else \
                 "this torch has no torch.mps.compile_shader (needs torch >= 2.7)"
         if device_type == "cpu":
-            return None if metal_emulating() else "metal needs an MPS device (or OPFORGE_METAL_EMULATE=1 for CPU tensors)"
+            if not metal_emulating():
+                return "metal needs an MPS device (or OPFORGE_METAL_EMULATE=1 for CPU tensors)"
+            from .metal import emulator_unavailable_reason
+            return emulator_unavailable_reason()
         return f"metal does not run on {device_type} tensors"
     return f"unknown backend {backend!r}"

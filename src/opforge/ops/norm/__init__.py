@@ -135,5 +135,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch
 
 
 _register()
+from . import metal as _metal  # noqa: E402,F401  registers the metal variants (norm.metal)
 
 __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]

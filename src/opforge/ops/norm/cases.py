@@ -72,5 +72,5 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
             for dtype in dtypes:
                 cases.append(make_case(op, shape, dtype))
         cases.append(make_case(op, shapes[1], torch.bfloat16, layout="strided", weight_dtype=torch.float32))
-        cases.append(make_case(op, shapes[2], torch.float32, offset=1e4))
+        cases.append(make_case(op, shapes[-1], torch.float32, offset=1e4))
     return cases

@@ -1,0 +1,90 @@
+"""device_info and its cached bandwidth, trace formatting, the launcher's specialization key."""
+import json
+
+import pytest
+import torch
+
+import opforge
+from opforge.runtime import device, launch
+
+
+def test_bandwidth_is_measured_once_then_read_from_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(device, "measure_copy_bandwidth", lambda dev: calls.append(dev) or 123.0)
+    info = device.DeviceInfo(kind="cpu", name="test-cpu", device="cpu", driver="d1")
+    assert info.copy_bandwidth_gbs == 123.0
+    again = device.DeviceInfo(kind="cpu", name="test-cpu", device="cpu", driver="d1")
+    assert again.copy_bandwidth_gbs == 123.0 and len(calls) == 1
+    table = json.loads((tmp_path / "device_bandwidth.json").read_text())
+    assert table == {"test-cpu|d1": 123.0}
+    other_driver = device.DeviceInfo(kind="cpu", name="test-cpu", device="cpu", driver="d2")
+    assert other_driver.copy_bandwidth_gbs == 123.0 and len(calls) == 2
+
+
+def test_measure_copy_bandwidth_cpu_is_positive():
+    assert device.measure_copy_bandwidth("cpu", nbytes=1 << 20, repeats=3) > 0
+
+
+def test_device_info_default_and_str():
+    info = opforge.device_info()
+    assert info.kind in ("cuda", "rocm", "mps", "cpu")
+    assert info.name in str(info)
+
+
+def test_trace_timing_fields():
+    with opforge.trace(timing=True) as t:
+        opforge.layer_norm(torch.randn(2, 32))
+    e = t[0]
+    assert e.gpu_ms is None if e.device == "cpu" else e.gpu_ms > 0
+    assert "gpu time" in str(t)
+
+
+def test_nested_traces_both_record():
+    with opforge.trace() as outer:
+        with opforge.trace() as inner:
+            opforge.rms_norm(torch.randn(2, 8))
+        opforge.rms_norm(torch.randn(2, 8))
+    assert len(inner) == 1 and len(outer) == 2
+
+
+class FakeParam:
+    def __init__(self, constexpr):
+        self.is_constexpr = constexpr
+
+
+class FakeKernel:
+    params = [FakeParam(False), FakeParam(False), FakeParam(False), FakeParam(True)]
+
+
+def test_generic_key_follows_triton_specialization():
+    launcher = launch.TritonLauncher(FakeKernel())
+    launcher.interpreted = False
+    base = torch.zeros(64)
+    k = lambda t, n, eps, block: launcher._key((t, n, eps, block), 4, 2)  # noqa: E731
+    assert k(base, 32, 1e-5, 128) == k(base, 48, 1e-6, 128)       # both divisible by 16, eps not keyed
+    assert k(base, 32, 1e-5, 128) != k(base, 33, 1e-5, 128)       # divisibility
+    assert k(base, 33, 1e-5, 128) != k(base, 1, 1e-5, 128)        # ==1 is its own specialization
+    assert k(base, 32, 1e-5, 128) != k(base, 2**40, 1e-5, 128)    # int64 arguments
+    assert k(base, 32, 1e-5, 128) != k(base[1:], 32, 1e-5, 128)   # pointer alignment
+    assert k(base, 32, 1e-5, 128) != k(base.half(), 32, 1e-5, 128)  # dtype
+    assert k(base, 32, 1e-5, 128) != k(base, 32, 1e-5, 256)       # constexpr by value
+
+
+def test_hook_chains():
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+    assert not launch._hook_active(None)
+    assert not launch._hook_active(Chain([]))
+    assert launch._hook_active(Chain([print]))
+    assert launch._hook_active(print)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches need a compiled kernel (GPU)")
+def test_norm_launches_take_the_direct_path_on_gpu():
+    from opforge.ops.norm import triton_kernels
+    x = torch.randn(8, 768, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        opforge.layer_norm(x)
+    assert triton_kernels._tile.fast_path
