@@ -49,14 +49,13 @@ def configs(n, itemsize):
         bn = triton.next_power_of_2(n)
         for tile in (1024, 2048, 4096):
             out.append((f"multirow m{max(1, tile // bn)} w4", "tile", (max(1, tile // bn), bn, 4, 2)))
-    if 1024 <= n <= 65536:
+    if 1024 <= n <= 32768:
         bn = triton.next_power_of_2(n)
         for w in (4, 8, 16, 32):
             if 1 <= bn // (w * 32) <= 64:
                 out.append((f"row w{w}", "tile", (1, bn, w, 2)))
     if n >= 16384:
-        for chunk, w, st in ((4096, 16, 2), (8192, 16, 2), (8192, 16, 3), (8192, 32, 2), (16384, 16, 2),
-                             (16384, 32, 2), (16384, 32, 1)):
+        for chunk, w, st in ((8192, 16, 2), (8192, 32, 2), (16384, 16, 2), (16384, 32, 2)):
             if chunk <= n:
                 out.append((f"looped c{chunk} w{w} s{st}", "loop", (chunk, w, st)))
     return out

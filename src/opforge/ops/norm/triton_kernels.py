@@ -98,14 +98,16 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     count = 0.0
     mean = 0.0
     m2 = 0.0
+    # The row is read twice. The first walk asks L2 to keep it (evict_last) and the second walks
+    # it backwards, so the chunks it needs first are the ones read most recently.
     for start in range(0, n, CHUNK):
         c = start + cols
         ok = c < n
-        v = tl.load(x_row + c, mask=ok, other=0.0).to(tl.float32)
+        v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
         if HAS_RES:
-            v += tl.load(r_row + c, mask=ok, other=0.0).to(tl.float32)
+            v += tl.load(r_row + c, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
             total = v.to(s_ptr.dtype.element_ty)
-            tl.store(s_row + c, total, mask=ok)
+            tl.store(s_row + c, total, mask=ok, eviction_policy="evict_last")
             v = total.to(tl.float32)
         if IS_RMS:
             m2 += tl.sum(v * v, axis=0)
@@ -122,13 +124,14 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     rstd = tl.rsqrt(m2 / n + eps)
     if HAS_RES:
         tl.debug_barrier()  # the stored sums are re-read below, possibly by other threads
-    for start in range(0, n, CHUNK):
-        c = start + cols
+    last = tl.cdiv(n, CHUNK) - 1
+    for i in range(0, tl.cdiv(n, CHUNK)):
+        c = (last - i) * CHUNK + cols
         ok = c < n
         if HAS_RES:
-            v = tl.load(s_row + c, mask=ok, other=0.0).to(tl.float32)
+            v = tl.load(s_row + c, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
         else:
-            v = tl.load(x_row + c, mask=ok, other=0.0).to(tl.float32)
+            v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
         if IS_RMS:
             y = v * rstd
         else:
@@ -137,7 +140,7 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
             y *= tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
         if HAS_B:
             y += tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32)
-        tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+        tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok, eviction_policy="evict_first")
 
 
 _tile = TritonLauncher(_tile_kernel)
