@@ -255,6 +255,39 @@ def section_targets(results: dict, copy_gbs: float, quick: bool, use_compile: bo
 
 # -- special values through every variant on the GPU ------------------------------------------------------
 
+def section_verify(results: dict) -> None:
+    """The families' verify cases (every variant, strided rows, dim=0, huge logits) on the GPU, with
+    every caller-supplied launch key checked against Triton's own specialization."""
+    from opforge.ops.activation import cases as act_cases
+    from opforge.ops.softmax import cases as sm_cases
+    from opforge.runtime import launch
+    from opforge.testing import max_rel_error
+
+    print("\n== verify cases (launch keys checked) ==", flush=True)
+    launch._CHECK_KEYS = True
+    failures, count, variants = [], 0, set()
+    try:
+        for family in (sm_cases, act_cases):
+            for case in family.verify_cases(DEV.type):
+                args, kwargs = case.make(DEV)
+                try:
+                    with opforge.backend("triton"), opforge.trace() as t:
+                        out = case.call(*args, **kwargs)
+                    err = max_rel_error(out, case.oracle(args, kwargs))
+                    variants.add(f"{case.op}:{t[0].variant}")
+                    if not err <= TOLERANCE[case.dtype]:
+                        failures.append(f"{case.op} {case.label} {DTYPE_NAME[case.dtype]}: rel err {err:.2e}")
+                except Exception as exc:  # report every failure
+                    failures.append(f"{case.op} {case.label} {DTYPE_NAME[case.dtype]}: {type(exc).__name__}: {exc}")
+                count += 1
+    finally:
+        launch._CHECK_KEYS = False
+    results["verify"] = {"cases": count, "failures": failures, "variants": sorted(variants)}
+    print(f"{count - len(failures)}/{count} passed; variants seen: {', '.join(sorted(variants))}", flush=True)
+    for f in failures:
+        print("FAIL", f, flush=True)
+
+
 def section_special(results: dict) -> None:
     print("\n== special values (-inf entries, all -inf rows, NaN, huge logits) through each variant ==", flush=True)
     failures = []
@@ -334,17 +367,19 @@ def section_sweep(results: dict, copy_gbs: float, quick: bool) -> None:
             if 4 <= bn // (32 * w) <= 128:
                 alts.append((f"row w{w}", lambda c, w=w, bn=bn: stk.launch_tile(c, 1, bn, w)))
         if shape[1] >= 16384:
-            for chunk, w in ((4096, 8), (8192, 16), (8192, 8), (16384, 32)):
-                for ctas in (1, 2, 4, ROWS):
+            for chunk, w in ((8192, 8), (8192, 16), (16384, 16), (16384, 32)):
+                for ctas in (1, 2, ROWS):
                     alts.append((f"looped c{chunk} w{w} g{'rows' if ctas == ROWS else ctas}",
                                  lambda c, ch=chunk, w=w, k=ctas: stk.launch_looped(c, ch, w, k)))
         plans.append((shape, alts))
     alts = []
-    for chunk, w in ((4096, 8), (8192, 16), (8192, 8), (16384, 16), (16384, 32)):
+    for chunk, w in ((8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32)):
         for ctas in (1, 2, 4, ROWS):
             alts.append((f"looped c{chunk} w{w} g{'rows' if ctas == ROWS else ctas}",
                          lambda c, ch=chunk, w=w, k=ctas: stk.launch_looped(c, ch, w, k)))
     alts.append(("looped default, no L2 hints", lambda c: stk.launch_looped(c, hints=False)))
+    for stages in (1, 3, 4):
+        alts.append((f"looped default, num_stages={stages}", lambda c, st=stages: stk.launch_looped(c, num_stages=st)))
     plans.append((SWEEP_LONG, alts))
     for shape in SWEEP_FEW:
         alts = [("looped default", lambda c: stk.launch_looped(c))]
@@ -449,6 +484,7 @@ def main() -> int:
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "triton": triton.__version__, "copy_gbs": copy_gbs, "cases": []}
     try:
+        section_verify(results)
         section_special(results)
         if not args.sweep_only:
             section_targets(results, copy_gbs, args.quick, not args.no_compile)
@@ -463,12 +499,14 @@ def main() -> int:
             json.dump(results, f, indent=1)
     bad = [c for c in results["cases"] if not c["ok"]]
     misses = [c for c in results["cases"] if c.get("target_met") is False]
-    print(f"\n{len(results['cases'])} cases, {len(bad)} wrong, {len(results.get('special_failures', []))} special-value "
+    print(f"\n{len(results['cases'])} timed cases, {len(bad)} wrong, {len(results.get('special_failures', []))} special-value "
           f"failures, {len(misses)} target misses, {elapsed():.0f} s; JSON: {path}")
     for c in misses:
         print(f"  MISS {c['op']} {c['dtype']} {'x'.join(map(str, c['shape']))} [{c['variant']}]: opforge "
               f"{c['opforge_pct']:.1f}% of copy, {c['vs_best_peer']:.2f}x best peer")
-    return 1 if bad or results.get("special_failures") else 0
+    if results["verify"]["failures"]:
+        print(f"  {len(results['verify']['failures'])} verify failures (see above)")
+    return 1 if bad or results.get("special_failures") or results["verify"]["failures"] else 0
 
 
 if __name__ == "__main__":

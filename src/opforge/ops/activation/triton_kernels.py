@@ -109,30 +109,44 @@ def _addressing(r) -> tuple[int, int, int]:
     return r.inner, r.stride_outer, r.stride_inner
 
 
+_I32_MAX = 2**31 - 1
+
+
+def _spec(v: int) -> int:
+    """Triton's specialization of an integer argument: equal to 1, divisible by 16, beyond int32."""
+    return (v == 1) | (((v & 15) == 0) << 1) | ((v > _I32_MAX) << 2)
+
+
 def launch_pointwise(call: ActivationCall, block: Optional[int] = None, num_warps: Optional[int] = None):
     """Run the pointwise kernel; ``block`` and ``num_warps`` override the configuration (for tuning)."""
     p = call.problem
     x_rows = call.rows[0]
     u_rows = call.rows[1] if p.gated else x_rows
-    x = x_rows.tensor
-    if call.layout == "rows":
+    x, u = x_rows.tensor, u_rows.tensor
+    layout = call.layout
+    if layout == "flat":
+        n, rows = p.numel, 1
+        y = alloc.empty_packed_like(x)
+    elif layout == "dense":
+        n, rows = p.numel, 1
+        y = alloc.empty((p.numel,), x.dtype, x.device).as_strided(p.shape, x.stride())
+    else:
         n = p.shape[-1]
         rows = p.numel // n
         y = alloc.empty(p.shape, x.dtype, x.device)
-    else:
-        n, rows = p.numel, 1
-        if call.layout == "dense":
-            y = alloc.empty((p.numel,), x.dtype, x.device).as_strided(p.shape, x.stride())
-        else:
-            y = alloc.empty(p.shape, x.dtype, x.device)
     default_block, default_warps = block_config(n, x.element_size())
     block = block or default_block
     num_warps = num_warps or (default_warps if block == default_block else max(1, min(16, block // 512)))
     blocks = triton.cdiv(n, block)
     xa = (1, 0, 0) if rows == 1 else _addressing(x_rows)
     ua = (1, 0, 0) if rows == 1 else _addressing(u_rows)
-    _pointwise((rows * blocks,), (x, u_rows.tensor, y, n, blocks, *xa, *ua, _act_code(p.op, p.approximate),
-                                  p.gated, block, n + block >= 2**31), num_warps=num_warps)
+    act = _act_code(p.op, p.approximate)
+    wide = n + block >= 2**31
+    # The output is fresh (16-byte aligned); every other argument's specialization is keyed.
+    key = (x.dtype, x.get_device(), x.data_ptr() & 15, u.data_ptr() & 15, _spec(n), _spec(blocks),
+           xa if rows == 1 else tuple(map(_spec, xa + ua)), act, p.gated, block, wide, num_warps)
+    _pointwise((rows * blocks,), (x, u, y, n, blocks, *xa, *ua, act, p.gated, block, wide),
+               num_warps=num_warps, key=key)
     return y
 
 

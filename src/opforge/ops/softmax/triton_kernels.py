@@ -35,10 +35,11 @@ from ...runtime.launch import TritonLauncher
 from .problem import HALF_AND_SINGLE, SoftmaxCall, SoftmaxProblem
 
 MULTIROW_MAX_N = 1024
-TILE_ELEMENTS = 4096                  # elements a multirow program holds (BLOCK_M * BLOCK_N)
-ROW_MAX_N = {2: 32768, 4: 16384}      # per element size: widest row kept whole in registers
-LOOP_CHUNK = {2: 8192, 4: 4096}       # elements per step of the looped walk
-LOOP_CTAS_PER_SM = 2                  # persistent grid of the looped variant: programs per SM
+TILE_BYTES = 4096                     # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
+ROW_MAX_N = {2: 32768, 4: 32768}      # per element size: widest row kept whole in registers
+LOOP_CHUNK = {2: 16384, 4: 8192}      # elements per step of the looped walk (32 KiB)
+LOOP_CTAS_PER_SM = 1                  # persistent grid of the looped variant: programs per SM (its
+                                      # rows then fit L2 between the two walks)
 SPLIT_CHUNK = 2048                    # elements per step of a split segment
 SPLIT_PROGRAMS_PER_SM = 4             # how many segment programs the split variant aims for
 MAX_SPLITS = 1024
@@ -189,25 +190,25 @@ def _sms(x: torch.Tensor) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def multirow_config(n: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows."""
+def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows: 4 KiB of input, 4 warps."""
     block_n = triton.next_power_of_2(n)
-    block_m = max(1, min(128, TILE_ELEMENTS // block_n))
-    return block_m, block_n, 4 if block_m * block_n <= 2048 else 8
+    return max(1, min(128, TILE_BYTES // itemsize // block_n)), block_n, 4
 
 
 @functools.lru_cache(maxsize=None)
 def row_config(n: int) -> tuple[int, int, int]:
     """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers."""
     block_n = triton.next_power_of_2(n)
-    return 1, block_n, max(4, min(32, block_n // 512))
+    warps = 4 if block_n <= 2048 else 8 if block_n <= 8192 else 16 if block_n <= 16384 else 32
+    return 1, block_n, warps
 
 
 @functools.lru_cache(maxsize=None)
 def looped_config(elem_size: int) -> tuple[int, int]:
-    """(CHUNK, num_warps) for the looped variant: 16 elements per thread per step."""
+    """(CHUNK, num_warps) for the looped variant: 32 elements per thread per step."""
     chunk = LOOP_CHUNK[elem_size]
-    return chunk, max(4, min(32, chunk // 512))
+    return chunk, max(4, min(32, chunk // 1024))
 
 
 def split_config(rows: int, n: int, sms: int, chunk: int = SPLIT_CHUNK) -> tuple[int, int]:
@@ -228,23 +229,37 @@ def _x_args(call: SoftmaxCall) -> tuple:
     return x.tensor, x.inner, x.stride_outer, x.stride_inner
 
 
-def _output(call: SoftmaxCall) -> torch.Tensor:
-    x = call.x.tensor
-    return alloc.empty(call.shape, x.dtype, x.device)
+_I32_MAX = 2**31 - 1
+
+
+def _spec(v: int) -> int:
+    """Triton's specialization of an integer argument: equal to 1, divisible by 16, beyond int32."""
+    return (v == 1) | (((v & 15) == 0) << 1) | ((v > _I32_MAX) << 2)
+
+
+def _key(x: torch.Tensor, *ints_and_config) -> tuple:
+    """A launch key that fixes Triton's specialization of (x, a fresh output, ints, constexprs).
+
+    Outputs and workspaces are fresh allocations, hence 16-byte aligned; x's alignment, dtype and
+    device are keyed, and each integer by its specialization class (config values by value).
+    """
+    return (x.dtype, x.get_device(), x.data_ptr() & 15) + ints_and_config
 
 
 def launch_tile(call: SoftmaxCall, block_m: int, block_n: int, num_warps: int) -> torch.Tensor:
     """Run the register-held kernel with BLOCK_M rows of BLOCK_N (>= N) columns per program."""
     p = call.problem
-    y = _output(call)
     x, inner, so, si = _x_args(call)
+    y = alloc.empty_packed_like(x)
+    key = _key(x, _spec(p.rows), _spec(p.n), _spec(inner), _spec(so), _spec(si), p.is_log, block_m, block_n,
+               num_warps)
     _tile((triton.cdiv(p.rows, block_m),), (x, y, p.rows, p.n, inner, so, si, p.is_log, block_m, block_n),
-          num_warps=num_warps)
+          num_warps=num_warps, key=key)
     return call.finish(y)
 
 
 def launch_multirow(call: SoftmaxCall) -> torch.Tensor:
-    return launch_tile(call, *multirow_config(call.problem.n))
+    return launch_tile(call, *multirow_config(call.problem.n, call.problem.dtype.itemsize))
 
 
 def launch_row(call: SoftmaxCall) -> torch.Tensor:
@@ -252,17 +267,20 @@ def launch_row(call: SoftmaxCall) -> torch.Tensor:
 
 
 def launch_looped(call: SoftmaxCall, chunk: Optional[int] = None, num_warps: Optional[int] = None,
-                  ctas_per_sm: Optional[int] = None, hints: bool = True) -> torch.Tensor:
+                  ctas_per_sm: Optional[int] = None, hints: bool = True, num_stages: int = 2) -> torch.Tensor:
     """Run the looped variant; the keyword arguments override its configuration (for tuning)."""
     p = call.problem
-    y = _output(call)
     x, inner, so, si = _x_args(call)
+    y = alloc.empty_packed_like(x)
     default_chunk, default_warps = looped_config(x.element_size())
     chunk = chunk or min(default_chunk, max(16, triton.next_power_of_2(p.n)))
     num_warps = num_warps or min(default_warps, max(1, chunk // 256))
     programs = min(p.rows, _sms(x) * (ctas_per_sm or LOOP_CTAS_PER_SM))
-    _looped((programs,), (x, y, p.rows, p.n, inner, so, si, p.is_log, chunk, hints and not triton_interpreting()),
-            num_warps=num_warps)
+    hints = hints and not triton_interpreting()
+    key = _key(x, _spec(p.rows), _spec(p.n), _spec(inner), _spec(so), _spec(si), p.is_log, chunk, hints,
+               num_warps, num_stages)
+    _looped((programs,), (x, y, p.rows, p.n, inner, so, si, p.is_log, chunk, hints),
+            num_warps=num_warps, num_stages=num_stages, key=key)
     return call.finish(y)
 
 
@@ -270,8 +288,8 @@ def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optiona
                  splits: Optional[int] = None) -> torch.Tensor:
     """Run the two-kernel split variant; the keyword arguments override its configuration."""
     p = call.problem
-    y = _output(call)
     x, inner, so, si = _x_args(call)
+    y = alloc.empty_packed_like(x)
     if splits is None:
         splits, seg = split_config(p.rows, p.n, _sms(x), chunk)
     else:
@@ -280,9 +298,12 @@ def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optiona
     num_warps = num_warps or max(1, min(8, chunk // 512))
     ws = torch.empty(p.rows * splits * 2, dtype=torch.float32, device=x.device)
     grid = (p.rows * splits,)
-    _split_stats(grid, (x, ws, p.n, splits, seg, inner, so, si, chunk), num_warps=num_warps)
-    _split_apply(grid, (x, y, ws, p.n, splits, seg, inner, so, si, p.is_log, chunk,
-                        max(2, triton.next_power_of_2(splits))), num_warps=num_warps)
+    ints = (_spec(p.n), _spec(splits), _spec(seg), _spec(inner), _spec(so), _spec(si))
+    _split_stats(grid, (x, ws, p.n, splits, seg, inner, so, si, chunk), num_warps=num_warps,
+                 key=_key(x, *ints, chunk, num_warps))
+    parts = max(2, triton.next_power_of_2(splits))
+    _split_apply(grid, (x, y, ws, p.n, splits, seg, inner, so, si, p.is_log, chunk, parts), num_warps=num_warps,
+                 key=_key(x, *ints, p.is_log, chunk, parts, num_warps))
     return call.finish(y)
 
 
