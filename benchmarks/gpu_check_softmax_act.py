@@ -479,7 +479,8 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     copy_gbs = measure_copy_gbs()
     info = opforge.device_info()
-    header = f"{info}  torch {torch.__version__}  triton {triton.__version__}  copy {copy_gbs:.0f} GB/s (1 GiB, do_bench median)"
+    header = (f"{info}  torch {torch.__version__}  triton {triton.__version__}  "
+              f"copy {copy_gbs:.0f} GB/s (1 GiB, do_bench median)")
     print(header, flush=True)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "triton": triton.__version__, "copy_gbs": copy_gbs, "cases": []}
@@ -499,8 +500,9 @@ def main() -> int:
             json.dump(results, f, indent=1)
     bad = [c for c in results["cases"] if not c["ok"]]
     misses = [c for c in results["cases"] if c.get("target_met") is False]
-    print(f"\n{len(results['cases'])} timed cases, {len(bad)} wrong, {len(results.get('special_failures', []))} special-value "
-          f"failures, {len(misses)} target misses, {elapsed():.0f} s; JSON: {path}")
+    specials = len(results.get("special_failures", []))
+    print(f"\n{len(results['cases'])} timed cases, {len(bad)} wrong, {specials} special-value failures, "
+          f"{len(misses)} target misses, {elapsed():.0f} s; JSON: {path}")
     for c in misses:
         print(f"  MISS {c['op']} {c['dtype']} {'x'.join(map(str, c['shape']))} [{c['variant']}]: opforge "
               f"{c['opforge_pct']:.1f}% of copy, {c['vs_best_peer']:.2f}x best peer")

@@ -236,7 +236,8 @@ LATENCY_ACT_SUITE = register_suite(
     Suite(
         name="latency_act",
         description="wall time per call of softmax, silu, swiglu at small sizes; a chain of 10 eager vs CUDA graph",
-        entries=[SuiteEntry(op, LATENCY_SHAPES, (torch.bfloat16, torch.float32)) for op in ("softmax", "silu", "swiglu")],
+        entries=[SuiteEntry(op, LATENCY_SHAPES, (torch.bfloat16, torch.float32))
+                 for op in ("softmax", "silu", "swiglu")],
         impls=(OPFORGE, TORCH, COMPILE, LIGER),
         metric="wall_us",
         chain_len=10,

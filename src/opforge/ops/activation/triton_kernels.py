@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-import torch
 import triton
 import triton.language as tl
 
