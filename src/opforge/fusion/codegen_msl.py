@@ -28,7 +28,6 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..runtime.alloc import empty
 from .dtypes import compute_dtype
 from .graph import Graph, Node
 from .layout import COL, FULL, HOST, ROW, SCALAR, STRIDED, Layout
@@ -138,7 +137,7 @@ def _expression(node: Node, target: torch.dtype, args: list[_Value]) -> str:
     if op == "neg":
         return f"(-{xs[0]})"
     if op == "abs":
-        return f"abs({xs[0]})"
+        return f"{'fabs' if target.is_floating_point else 'abs'}({xs[0]})"
     if op == "not":
         return f"(!{xs[0]})" if target == torch.bool else f"(~{xs[0]})"
     if op == "sigmoid":
@@ -279,6 +278,7 @@ class _MetalPlan:
         self.note = f"{kernel.name} in {kernel.path}"
 
     def run(self, args: Sequence[Any]) -> Any:
+        from .kernels import empty
         ins: list[Any] = [args[p] for p in self.positions]
         for i in self.hosts:
             ins[i] = ins[i].item()

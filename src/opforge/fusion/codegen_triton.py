@@ -220,8 +220,11 @@ class _Emitter:
             return f"tl.where({cond}, {a}, {b})"
         if op == "fill":
             value, _ = node.attr
-            return f"(tl.zeros_like({_convert(args[0], target)}) + {_literal(value, target)})"
+            x, c = _convert(args[0], target), _literal(value, target)
+            return f"tl.where({x} != {x}, {c}, {c})"   # c in x's shape, NaN or not (no library jit function)
         xs = [_convert(v, target) for v in args]
+        if target == torch.bool and op in _BOOL_LOGIC:   # not & | ^ on int1: the interpreter mistypes those
+            return _BOOL_LOGIC[op].format(*xs)
         if op in _INFIX:
             return f"({xs[0]} {_INFIX[op]} {xs[1]})"
         if op == "div":
@@ -232,7 +235,7 @@ class _Emitter:
         if op == "neg":
             return f"(-{xs[0]})"
         if op == "not":
-            return f"(~{xs[0]})"
+            return f"({xs[0]} == 0)" if target == torch.bool else f"(~{xs[0]})"
         if op == "sigmoid":
             return f"tl.div_rn(1.0, 1.0 + tl.exp(-{xs[0]}))"
         if op == "tanh":
@@ -267,6 +270,7 @@ class _Emitter:
             self.store(i, node)
 
 
+_BOOL_LOGIC = {"and": "tl.where({0}, {1}, False)", "or": "tl.where({0}, True, {1})", "xor": "({0} != {1})"}
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^"}
 _FUNCTIONS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt_rn", "rsqrt": "tl.rsqrt", "erf": "tl.erf",

@@ -35,8 +35,7 @@ import torch
 from ..runtime import backends, policy, trace as trace_events
 from ..runtime.errors import NoKernelError
 from . import kernels
-from .dtypes import WRAPPED, short_name
-from .layout import Layout, analyze
+from .layout import analyze, call_device, node_shapes, output_groups
 from .tracer import TraceResult, trace
 
 _NUMBERS = (bool, int, float)
@@ -74,6 +73,9 @@ class FusedFunction:
         self._op = f"fused:{self.name}"
         self._params = _parameters(fn, self.name)
         self._nparams = len(self._params.parameters)
+        self._keyword_only = tuple(p.name for p in self._params.parameters.values() if p.kind == p.KEYWORD_ONLY)
+        if self._keyword_only:
+            self._nparams = -1   # every call binds, so keyword-only parameters stay keyword-only
         self._plans: dict[tuple, kernels.Plan] = {}
         self._traces: dict[tuple, TraceResult] = {}
         self._kernels: dict[tuple, Any] = {}
@@ -87,7 +89,11 @@ class FusedFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._nparams:
             args = self._bind(args, kwargs)
-        plan = self._plans.get(self._plan_key(args))
+        try:
+            plan = self._plans.get(self._plan_key(args))
+        except TypeError:          # an unhashable constant argument: say which
+            self._trace_key(args)
+            raise
         if plan is None:
             plan = self._make_plan(args)
         if plan.fallback_reason is not None:
@@ -157,7 +163,7 @@ class FusedFunction:
         key = self._trace_key(args)
         result = self._traces.get(key)
         if result is None:
-            result = trace(self.fn, args, self.name)
+            result = trace(self.fn, args, self.name, self._keyword_only)
             self._counts["traces"] += 1
             if not result.value_positions <= self._value_positions or \
                     (result.uses_shapes and not self._shape_specialized):
@@ -173,27 +179,42 @@ class FusedFunction:
         key = self._plan_key(args)   # the trace may have made the function specialize on values
         graph = result.graph
         nodes = _reachable(result)
-        layout = analyze(graph, nodes, args, self.name)
-        device = _call_device(args, layout)
+        shapes = node_shapes(graph, nodes, args)      # raises as torch would on a shape mismatch
+        device = call_device(args, [n.attr for n in nodes if n.op == "input"], self.name)
         backend, fallback = self._choose_backend(device.type, result)
-        if layout.numel == 0:
-            plan: kernels.Plan = kernels.EmptyPlan(backend, layout.shape, [n.dtype for n in graph.outputs], device,
-                                                   result.single)
-        else:
-            structure = layout.structure() if backend != "torch" else None
-            kernel_key = (trace_key, backend, structure)
-            kernel = self._kernels.get(kernel_key)
-            if kernel is None:
-                kernel = kernels.build(backend, graph, nodes, layout, self.name, self._title())
-                self._kernels[kernel_key] = kernel
-                self._counts["kernels"] += 1
-            self._latest[device.type] = kernel
-            plan = kernel.plan(layout, args, result.single)
+        groups = output_groups(graph, shapes)
+        if len(groups) == 1:
+            plan = self._group_plan(trace_key, backend, graph, nodes, shapes, args, device, None, result.single)
+        else:   # outputs of different shapes: one kernel per shape, one call
+            parts = []
+            for outputs in groups:
+                sub = graph.view(outputs)
+                parts.append(self._group_plan(trace_key, backend, sub, sub.reachable(), shapes, args, device,
+                                              tuple(outputs), False))
+            plan = kernels.SplitPlan(parts, groups, len(graph.outputs))
         plan.fallback_reason = fallback
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
         self._plans[key] = plan
         self._counts["plans"] += 1
+        return plan
+
+    def _group_plan(self, trace_key: tuple, backend: str, graph: Any, nodes: list, shapes: dict,
+                    args: Sequence[Any], device: torch.device, outputs: Optional[tuple], single: bool) -> Any:
+        """The plan of one kernel computing ``graph``'s outputs (all of one shape)."""
+        layout = analyze(graph, nodes, args, self.name, shapes)
+        if layout.numel == 0:
+            return kernels.EmptyPlan(backend, layout.shape, [n.dtype for n in graph.outputs], device, single)
+        structure = layout.structure() if backend != "torch" else None
+        kernel_key = (trace_key, backend, outputs, structure)
+        kernel = self._kernels.get(kernel_key)
+        if kernel is None:
+            kernel = kernels.build(backend, graph, nodes, layout, self.name, self._title())
+            self._kernels[kernel_key] = kernel
+            self._counts["kernels"] += 1
+        self._latest[device.type] = kernel
+        plan = kernel.plan(layout, args, single)
+        plan.source = kernel.source
         return plan
 
     def _choose_backend(self, device_type: str, result: TraceResult) -> tuple[str, Optional[str]]:
@@ -238,15 +259,10 @@ class FusedFunction:
         """
         if example_args or example_kwargs:
             args = self._bind(example_args, example_kwargs)
-            plan_key = self._plan_key(args)
-            if plan_key not in self._plans:
-                self._make_plan(args)
-            device_type = _call_device(args, None).type
-        else:
-            device_type = torch.device(device).type if device is not None else \
-                ("cuda" if torch.cuda.is_available() else "cpu")
-        if device is not None and torch.device(device).type != device_type:
-            raise ValueError(f"the example arguments are on {device_type}, not {device}")
+            plan = self._plans.get(self._plan_key(args)) or self._make_plan(args)
+            return plan.source
+        device_type = torch.device(device).type if device is not None else \
+            ("cuda" if torch.cuda.is_available() else "cpu")
         kernel = self._latest.get(device_type)
         if kernel is None:
             raise LookupError(f"{self.name} has no kernel for {device_type} yet: call it on {device_type} tensors "
@@ -298,21 +314,14 @@ def _reachable(result: TraceResult) -> list:
     return nodes
 
 
-def _call_device(args: Sequence[Any], layout: Optional[Layout]) -> torch.device:
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    for t in tensors:
-        if t.dim() > 0 or t.device.type != "cpu":
-            return t.device
-    return tensors[0].device if tensors else torch.device("cpu")
-
-
 def _unsupported(backend: str, result: TraceResult) -> Optional[str]:
     """Why ``backend`` cannot run this graph, or None."""
     if backend == "torch":
         return None
-    for node in _reachable(result):
-        if node.dtype == torch.float64 and node.tier != WRAPPED:
-            return f"float64 values ({short_name(node.dtype)}) compute on the torch path"
+    if backend == "triton":   # a float64 input may be read and converted; computing in float64 is refused
+        for node in _reachable(result):
+            if node.dtype == torch.float64 and node.is_tensor and node.op != "input":
+                return "float64 arithmetic runs on the torch path"
     if backend == "metal":
         from . import codegen_msl
         return codegen_msl.unsupported(result)

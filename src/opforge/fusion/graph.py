@@ -133,6 +133,13 @@ class Graph:
         key = (op, tuple(n.index for n in inputs), attr)
         return self._new(key, op, inputs, attr, dtype, tier, line)
 
+    def view(self, outputs: Sequence[int]) -> "Graph":
+        """The same nodes with only the outputs at these indices (for a kernel computing a subset)."""
+        sub = Graph()
+        sub.nodes, sub._memo = self.nodes, self._memo
+        sub.outputs = [self.outputs[i] for i in outputs]
+        return sub
+
     def reachable(self) -> list[Node]:
         """The nodes the outputs depend on, in topological order (dead code dropped)."""
         live = [False] * len(self.nodes)

@@ -25,10 +25,17 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..runtime.alloc import empty
+from ..runtime import alloc
 from . import cache, codegen_torch, config
 from .graph import Graph, Node
 from .layout import HOST, STRIDED, Layout, ceil_div, next_power_of_2
+
+
+def empty(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An output: NaN-poisoned in tests (``alloc.empty``) when floating, plain otherwise."""
+    if dtype.is_floating_point:
+        return alloc.empty(shape, dtype, device)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def safe_name(name: str) -> str:
@@ -45,6 +52,7 @@ class Plan:
     trace_position = 0
     note = ""
     fallback_reason: Optional[str] = None    # set when the torch path stands in for a kernel
+    source = "# no kernel: the outputs are empty"
 
     def run(self, args: Sequence[Any]) -> Any:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -60,6 +68,26 @@ class EmptyPlan(Plan):
     def run(self, args: Sequence[Any]) -> Any:
         outs = [empty(self.shape, d, self.device) for d in self.dtypes]
         return outs[0] if self.single else tuple(outs)
+
+
+class SplitPlan(Plan):
+    """Outputs of different shapes: one plan (kernel) per shape, results put back in order."""
+
+    def __init__(self, parts: list, groups: list[list[int]], n_outputs: int):
+        self.parts = list(zip(parts, groups))
+        self.n_outputs = n_outputs
+        self.backend = parts[0].backend
+        self.variant = "+".join(p.variant for p in parts)
+        self.trace_position = parts[0].trace_position
+        self.note = f"{len(parts)} kernels (outputs of {len(parts)} shapes); " + "; ".join(p.note for p in parts)
+        self.source = "\n\n".join(p.source for p in parts)
+
+    def run(self, args: Sequence[Any]) -> Any:
+        outs: list[Any] = [None] * self.n_outputs
+        for plan, indices in self.parts:
+            for i, out in zip(indices, plan.run(args)):
+                outs[i] = out
+        return tuple(outs)
 
 
 class TorchKernel:

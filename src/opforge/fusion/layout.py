@@ -159,17 +159,29 @@ class Layout:
         return (self.classes, self.rank if any(c == STRIDED for _, c in self.classes) else None, self.i64)
 
 
-def analyze(graph: Graph, nodes: Sequence[Node], args: Sequence[Any], name: str) -> Layout:
-    """Check shapes and devices of one call and describe its iteration space."""
-    shapes = node_shapes(graph, nodes, args)
+def output_groups(graph: Graph, shapes: dict[int, tuple]) -> list[list[int]]:
+    """Output indices grouped by shape, in order of first appearance (one kernel per group)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, node in enumerate(graph.outputs):
+        groups.setdefault(shapes[node.index], []).append(i)
+    return list(groups.values())
+
+
+def analyze(graph: Graph, nodes: Sequence[Node], args: Sequence[Any], name: str,
+            shapes: Optional[dict[int, tuple]] = None) -> Layout:
+    """Check shapes and devices of one call and describe its iteration space.
+
+    The outputs of ``graph`` must share one shape (``output_groups`` splits those that do not).
+    """
+    if shapes is None:
+        shapes = node_shapes(graph, nodes, args)
     out_shapes = [shapes[n.index] for n in graph.outputs]
     if any(s != out_shapes[0] for s in out_shapes):
         listed = ", ".join(f"output {i}: {tuple(s)}" for i, s in enumerate(out_shapes))
-        raise FusionError(f"{name}: the outputs of a fused function must all have one shape ({listed}); "
-                          "return differently shaped results from separate fused functions")
+        raise FusionError(f"{name}: one kernel needs outputs of one shape ({listed})")
     shape = torch.Size(out_shapes[0])
     positions = sorted(n.attr for n in nodes if n.op == "input")
-    device = _device(args, positions, name)
+    device = call_device(args, positions, name)
     numel = shape.numel()
     cols = shape[-1] if len(shape) else 1
     rows = numel // cols if cols else 0
@@ -186,7 +198,7 @@ def analyze(graph: Graph, nodes: Sequence[Node], args: Sequence[Any], name: str)
     return Layout(shape, numel, rows, cols, tuple(classes), tuple(strides), reach >= I32_LIMIT)
 
 
-def _device(args: Sequence[Any], positions: Sequence[int], name: str) -> torch.device:
+def call_device(args: Sequence[Any], positions: Sequence[int], name: str) -> torch.device:
     """The device of the call: that of the tensors with dimensions; 0-d CPU tensors may ride along."""
     devices = {args[p].device for p in positions if args[p].dim() > 0 or args[p].device.type != "cpu"}
     if not devices:

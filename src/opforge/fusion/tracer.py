@@ -239,8 +239,11 @@ for _internal in ("exp2", "log2"):
     _HANDLERS.pop(_internal, None)
 
 
-def trace(fn: Callable, args: Sequence[Any], name: Optional[str] = None) -> TraceResult:
+def trace(fn: Callable, args: Sequence[Any], name: Optional[str] = None,
+          keyword_names: Sequence[str] = ()) -> TraceResult:
     """Run ``fn`` on symbolic stand-ins for ``args`` and return the graph of what it computed.
+
+    The last ``len(keyword_names)`` arguments are passed by those names (keyword-only parameters).
 
     Example:
         >>> import torch
@@ -264,7 +267,8 @@ def trace(fn: Callable, args: Sequence[Any], name: Optional[str] = None) -> Trac
         else:
             symbolic_args.append(arg)
     try:
-        returned = fn(*symbolic_args)
+        split = len(symbolic_args) - len(keyword_names)
+        returned = fn(*symbolic_args[:split], **dict(zip(keyword_names, symbolic_args[split:])))
     except FusionError:
         raise
     except Exception as exc:
