@@ -30,8 +30,7 @@ def _raw_stream_getter():
     return getter
 
 
-def _current_device() -> int:
-    return torch.cuda.current_device()
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def _spec_tensor(t: torch.Tensor) -> tuple:
@@ -110,24 +109,30 @@ class TritonLauncher:
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
-            self._compiled[key] = self._prepare(compiled)
+            self._compiled[key] = self._prepare(compiled, args)
             return
         if compiled is False or _hook_active(self._hooks.launch_enter_hook) \
                 or _hook_active(self._hooks.launch_exit_hook):
             # this Triton's binaries cannot be launched directly, or a profiler wants launch metadata
             self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
-        function, packed, run = compiled
+        function, packed, run, tensor_positions = compiled
+        # Raw addresses: Triton's launcher would otherwise call data_ptr() and query the driver
+        # about every pointer (cuPointerGetAttribute); the op has already checked the devices.
+        flat = list(args)
+        for i in tensor_positions:
+            flat[i] = flat[i].data_ptr()
         run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-            self._stream(args[0].device.index), function, packed, None, None, None, *args)
+            self._stream(args[0].device.index), function, packed, None, None, None, *flat)
         self.fast_path = True
 
-    def _prepare(self, compiled: Any) -> Any:
+    def _prepare(self, compiled: Any, args: Sequence[Any]) -> Any:
         """Keep what a direct launch needs, or False where this Triton lacks the pieces."""
         try:
             from triton import knobs
 
             self._hooks = knobs.runtime
-            return (compiled.function, compiled.packed_metadata, compiled.run)
+            tensor_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+            return (compiled.function, compiled.packed_metadata, compiled.run, tensor_positions)
         except (ImportError, AttributeError):
             return False

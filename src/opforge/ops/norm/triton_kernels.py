@@ -85,22 +85,25 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     y_row = y_ptr + row * n
     s_row = s_ptr + row * n
     cols = tl.arange(0, CHUNK)
-    # Statistics are taken of x - shift, with shift the first chunk's mean: for clustered rows
-    # (1e4 + randn) that subtraction is exact, so the small mean left over keeps full accuracy.
-    shift = 0.0
-    if not IS_RMS:
-        first_ok = cols < n
-        first = tl.load(x_row + cols, mask=first_ok, other=0.0).to(tl.float32)
-        if HAS_RES:
-            first += tl.load(r_row + cols, mask=first_ok, other=0.0).to(tl.float32)
-            first = first.to(s_ptr.dtype.element_ty).to(tl.float32)
-        shift = tl.sum(first, axis=0) / tl.minimum(n, CHUNK).to(tl.float32)
-    count = 0.0
-    mean = 0.0
-    m2 = 0.0
     # The row is read twice. The first walk asks L2 to keep it (evict_last) and the second walks
     # it backwards, so the chunks it needs first are the ones read most recently.
-    for start in range(0, n, CHUNK):
+    # Layer norm takes sums of v - shift, shift being the first chunk's mean: for clustered rows
+    # (1e4 + randn) that subtraction is exact, so var = E[(v-shift)^2] - E[v-shift]^2 cancels
+    # nothing, and the two sums of a chunk are independent reductions (no dependent rounds).
+    ok = cols < n
+    v = tl.load(x_row + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if HAS_RES:
+        v += tl.load(r_row + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        total = v.to(s_ptr.dtype.element_ty)
+        tl.store(s_row + cols, total, mask=ok, eviction_policy="evict_last")
+        v = total.to(tl.float32)
+    shift = 0.0
+    if not IS_RMS:
+        shift = tl.sum(v, axis=0) / tl.minimum(n, CHUNK).to(tl.float32)
+        v = tl.where(ok, v - shift, 0.0)
+    s1 = tl.sum(v, axis=0)
+    s2 = tl.sum(v * v, axis=0)
+    for start in range(CHUNK, n, CHUNK):
         c = start + cols
         ok = c < n
         v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -109,18 +112,15 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
             total = v.to(s_ptr.dtype.element_ty)
             tl.store(s_row + c, total, mask=ok, eviction_policy="evict_last")
             v = total.to(tl.float32)
-        if IS_RMS:
-            m2 += tl.sum(v * v, axis=0)
-        else:
+        if not IS_RMS:
             v = tl.where(ok, v - shift, 0.0)
-            k = tl.minimum(n - start, CHUNK).to(tl.float32)
-            chunk_mean = tl.sum(v, axis=0) / k
-            d = tl.where(ok, v - chunk_mean, 0.0)
-            delta = chunk_mean - mean
-            merged = count + k
-            mean += delta * (k / merged)
-            m2 += tl.sum(d * d, axis=0) + delta * delta * (count * k / merged)
-            count = merged
+        s1 += tl.sum(v, axis=0)
+        s2 += tl.sum(v * v, axis=0)
+    mean = s1 / n
+    if IS_RMS:
+        m2 = s2
+    else:
+        m2 = tl.maximum(s2 - s1 * mean, 0.0)
     rstd = tl.rsqrt(m2 / n + eps)
     if HAS_RES:
         tl.debug_barrier()  # the stored sums are re-read below, possibly by other threads
@@ -155,10 +155,12 @@ def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def row_config(n: int) -> tuple[int, int, int]:
-    """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers."""
+def row_config(n: int, itemsize: int, is_rms: bool) -> tuple[int, int, int]:
+    """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers (H100-tuned)."""
     block_n = triton.next_power_of_2(n)
     warps = 4 if block_n <= 2048 else 8 if block_n <= 8192 else 16 if block_n <= 16384 else 32
+    if block_n == 32768 and itemsize == 4 and is_rms:
+        warps = 16  # one float32 array per thread: more programs per SM beat more threads per row
     return 1, block_n, warps
 
 
@@ -219,7 +221,7 @@ def launch_multirow(call: NormCall):
 
 def launch_row(call: NormCall):
     y, s = _outputs(call)
-    config = row_config(call.problem.n)
+    config = row_config(call.problem.n, call.problem.dtype.itemsize, call.problem.is_rms)
     block_m, block_n, warps = config
     _tile((call.problem.rows,), _common_args(call, y, s) + (block_m, block_n), num_warps=warps,
           key=_launch_key(call, config))
