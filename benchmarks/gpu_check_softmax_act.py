@@ -4,10 +4,13 @@ Run on the GPU machine (about 2.5 minutes on an H100; the sections after the tar
 when the time budget runs out):
 
     PYTHONPATH=src python3 benchmarks/gpu_check_softmax_act.py [--quick] [--no-compile] [--no-sweep]
-                                                               [--sweep-only] [--budget SECONDS] [--out DIR]
+                                                               [--sweep-only] [--verify] [--budget SECONDS]
+                                                               [--out DIR]
 
-``--sweep-only`` runs just the correctness checks and the configuration sweep (a second run for
-tuning, since the sweep is cut short when the targets with torch.compile use most of the budget).
+``--sweep-only`` runs the verify cases of both families (every variant, strided rows, dim=0, huge
+logits; launch keys checked), the special values and the configuration sweep: a second run for
+tuning, since the sweep is cut short when the targets with torch.compile use most of the budget.
+``--verify`` adds the verify cases to a full run.
 
 1. Correctness: every case below against the float64 oracle (computed on the GPU in row chunks),
    plus -inf / all -inf / NaN rows through each softmax variant, and special values through each
@@ -158,10 +161,22 @@ def compiled(fn: Callable) -> Callable:
 
 def run_case(results: dict, label: str, dtype: torch.dtype, shape: tuple, inputs: tuple,
              ours: Callable, eager: Callable, ref_fn: Callable, nbytes: int, copy_gbs: float,
-             targets: Optional[dict] = None, use_compile: bool = True) -> dict:
-    with opforge.strict(), opforge.trace() as t:
-        out = ours(*inputs)
-    torch.cuda.synchronize()
+             targets: Optional[dict] = None, use_compile: bool = True) -> Optional[dict]:
+    from opforge.runtime import launch
+
+    launch._CHECK_KEYS = True  # the first call checks opforge's launch keys against Triton's own
+    try:
+        with opforge.strict(), opforge.trace() as t:
+            out = ours(*inputs)
+        torch.cuda.synchronize()
+    except Exception as exc:  # report, keep going
+        results["cases"].append(dict(op=label, dtype=DTYPE_NAME[dtype], shape=list(shape), ok=False,
+                                     error=f"{type(exc).__name__}: {exc}"))
+        print(f"{label:12s} {DTYPE_NAME[dtype]} {'x'.join(map(str, shape)):>14s} ERROR {type(exc).__name__}: {exc}",
+              flush=True)
+        return None
+    finally:
+        launch._CHECK_KEYS = False
     err = rel_error_chunked(out, inputs, ref_fn)
     ok = err <= TOLERANCE[dtype]
     variant = t[0].variant if len(t) else "?"
@@ -469,6 +484,7 @@ def main() -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     ap.add_argument("--no-sweep", action="store_true", help="skip the configuration sweep")
     ap.add_argument("--sweep-only", action="store_true", help="only the correctness checks and the sweep")
+    ap.add_argument("--verify", action="store_true", help="also run the verify cases (many small compiles)")
     ap.add_argument("--budget", type=float, default=BUDGET, help="seconds before optional sections are cut")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -485,7 +501,8 @@ def main() -> int:
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "triton": triton.__version__, "copy_gbs": copy_gbs, "cases": []}
     try:
-        section_verify(results)
+        if args.sweep_only or args.verify:
+            section_verify(results)
         section_special(results)
         if not args.sweep_only:
             section_targets(results, copy_gbs, args.quick, not args.no_compile)
@@ -503,12 +520,16 @@ def main() -> int:
     specials = len(results.get("special_failures", []))
     print(f"\n{len(results['cases'])} timed cases, {len(bad)} wrong, {specials} special-value failures, "
           f"{len(misses)} target misses, {elapsed():.0f} s; JSON: {path}")
+    for c in bad:
+        print(f"  WRONG {c['op']} {c['dtype']} {'x'.join(map(str, c['shape']))}: "
+              f"{c.get('error') or 'rel err %.2e' % c['err']}")
     for c in misses:
         print(f"  MISS {c['op']} {c['dtype']} {'x'.join(map(str, c['shape']))} [{c['variant']}]: opforge "
               f"{c['opforge_pct']:.1f}% of copy, {c['vs_best_peer']:.2f}x best peer")
-    if results["verify"]["failures"]:
-        print(f"  {len(results['verify']['failures'])} verify failures (see above)")
-    return 1 if bad or results.get("special_failures") or results["verify"]["failures"] else 0
+    verify_failures = results.get("verify", {}).get("failures", [])
+    if verify_failures:
+        print(f"  {len(verify_failures)} verify failures (see above)")
+    return 1 if bad or results.get("special_failures") or verify_failures else 0
 
 
 if __name__ == "__main__":
