@@ -164,3 +164,15 @@ def test_strict_mode_raises_where_fallback_would_run(cpu_as_accelerator):
         softmax(x)
     assert info.value.op == "softmax"
     assert "strict" in opforge.explain("softmax", x).note
+
+
+def test_row_counts_beyond_int32_are_refused_by_triton():
+    from opforge.ops.softmax import triton_kernels as tk
+    from opforge.ops.softmax.problem import MAX_ROWS, SoftmaxProblem
+
+    huge = SoftmaxProblem("softmax", torch.float32, 1, MAX_ROWS + 1, "cuda")
+    fine = SoftmaxProblem("softmax", torch.float32, 1, MAX_ROWS, "cuda")
+    assert huge.key != fine.key
+    for supports in (tk.supports_multirow, tk.supports_row, tk.supports_split, tk.supports_looped):
+        assert "rows below" in supports(huge)
+    assert tk.supports_multirow(fine) is None

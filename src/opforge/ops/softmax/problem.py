@@ -15,6 +15,8 @@ OPS = ("softmax", "log_softmax")
 #: At most this many rows counts as "few": a long row is then split across several programs
 #: (the ``split`` variant) so the whole GPU works on it; more rows keep one program per row.
 FEW_ROWS = 96
+#: Row indices are 32-bit in the kernels (a block of rows past the last must still fit).
+MAX_ROWS = 2**31 - 2**16
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class SoftmaxProblem:
 
     @property
     def key(self) -> tuple:
-        return (self.dtype, self.n, self.few_rows)
+        return (self.dtype, self.n, self.few_rows, self.rows > MAX_ROWS)
 
     @property
     def is_log(self) -> bool:

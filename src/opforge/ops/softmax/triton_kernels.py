@@ -32,7 +32,7 @@ import triton.language as tl
 from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.launch import TritonLauncher
-from .problem import HALF_AND_SINGLE, SoftmaxCall, SoftmaxProblem
+from .problem import HALF_AND_SINGLE, MAX_ROWS, SoftmaxCall, SoftmaxProblem
 
 MULTIROW_MAX_N = 1024
 TILE_BYTES = 4096                     # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
@@ -311,8 +311,8 @@ def _dtype_reason(p: SoftmaxProblem) -> Optional[str]:
     if p.dtype not in HALF_AND_SINGLE:
         return f"x is {str(p.dtype).replace('torch.', '')}; triton kernels take float32, float16 or bfloat16 " \
                "(float64 runs on the torch path)"
-    if p.n > MAX_N or p.rows > MAX_N:
-        return f"{p.rows} rows x N={p.n}: rows and N must each be below 2**31"
+    if p.n > MAX_N or p.rows > MAX_ROWS:
+        return f"{p.rows} rows x N={p.n}: N must be below 2**31 and rows below {MAX_ROWS}"
     return None
 
 
