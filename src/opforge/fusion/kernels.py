@@ -159,6 +159,8 @@ class _TritonPlan(Plan):
         self.device = next(args[p].device for p, c in layout.classes if c != HOST)
         self.positions = tuple(p for p, _ in layout.classes) + kernel.scalar_positions
         self.hosts = tuple(i for i, (p, c) in enumerate(layout.classes) if c == HOST)
+        self.tensor_ins = tuple(i for i, (p, c) in enumerate(layout.classes) if c != HOST)
+        self.numbers = tuple(range(len(layout.classes), len(self.positions))) + self.hosts
         self.trace_position = _largest_input(layout)
         itemsize = max(args[p].element_size() for p, _ in layout.classes)
         if layout.flat:
@@ -190,8 +192,14 @@ class _TritonPlan(Plan):
             import numpy as np
             with np.errstate(all="ignore"):
                 self.launcher(self.grid, (*outs, *ins, *self.tail), self.num_warps)
-        else:
-            self.launcher(self.grid, (*outs, *ins, *self.tail), self.num_warps)
+            return outs[0] if self.single else tuple(outs)
+        # What Triton specializes on beyond this plan: input alignment, int widths, bool values
+        # (outputs come from the caching allocator, always 16-byte aligned).
+        key = (self, *[ins[i].data_ptr() & 15 == 0 for i in self.tensor_ins])
+        if self.numbers:
+            key += tuple(ins[i] if type(ins[i]) is bool else type(ins[i]) is int and -2**31 <= ins[i] < 2**31
+                         for i in self.numbers)
+        self.launcher(self.grid, (*outs, *ins, *self.tail), self.num_warps, key=key)
         return outs[0] if self.single else tuple(outs)
 
 
