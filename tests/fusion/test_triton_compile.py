@@ -82,13 +82,15 @@ def test_headline_kernel_compiles_to_16_byte_vector_accesses(ptx_of):
 
 
 def test_every_operation_compiles(ptx_of):
-    def everything(x, y, s, n, flag):
+    def everything(x, y, s, n, flag, i, m):
         a = log(abs(x) + 1) + sqrt(abs(y)) + rsqrt(abs(x) + 1) + tanh(x) * erf(y) + sigmoid(x) * exp(y * 0.1)
         b = minimum(x, y) - maximum(x, float("nan")) + x ** 3 + abs(x) ** 1.7 + x ** -2 + y ** 0 + x ** 70
         c = where(flag, a, b) * s + n + F.gelu(x, approximate="tanh") + F.silu(y) + F.relu(x)
         m = ((x > 0) & (y < 1)) | ~(x > y) ^ (x == y)
-        return c, m, x.to(torch.bfloat16), x.int(), where(m, 1.0, float("-inf")), exp(s) * x, F.gelu(s) + x
-    args = (torch.randn(8, 32), torch.randn(32), 0.5, 3, True)
+        k = where(m, i * 3, -i) + (m * 2) + i / 2 + maximum(i, 0)
+        return c, m, x.to(torch.bfloat16), x.int(), where(m, 1.0, float("-inf")), exp(s) * x, F.gelu(s) + x, k
+    args = (torch.randn(8, 32), torch.randn(32), 0.5, 3, True, torch.randint(-4, 4, (8, 32), dtype=torch.int32),
+            torch.rand(32) > 0.5)
     ptx_of(fuse(everything), args)
 
 
