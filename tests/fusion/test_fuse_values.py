@@ -147,7 +147,8 @@ def test_tanh_and_erf_across_their_range(backend):
 def test_special_values(backend):
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 1e30, -1e30], device=DEVICE)
     g = lambda x: (exp(x), log(x), sqrt(x), rsqrt(x), tanh(x), erf(x), sigmoid(x), fabs(x), minimum(x, 0.0),
-                   maximum(x, 0.0), x / 0.0, F.relu(x), x * float("inf"), x + float("nan"), where(x > 0, x, -float("inf")))
+                   maximum(x, 0.0), x / 0.0, F.relu(x), x * float("inf"), x + float("nan"),
+                   where(x > 0, x, -float("inf")))
     eager = lambda x: (torch.exp(x), torch.log(x), torch.sqrt(x), torch.rsqrt(x), torch.tanh(x), torch.erf(x),
                        torch.sigmoid(x), x.abs(), torch.minimum(x, torch.zeros_like(x)),
                        torch.maximum(x, torch.zeros_like(x)), x / 0.0, torch.relu(x), x * float("inf"),

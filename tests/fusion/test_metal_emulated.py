@@ -8,7 +8,7 @@ import opforge
 from opforge.fusion import erf, exp, fuse, log, maximum, minimum, rsqrt, sigmoid, sqrt, tanh, where
 from opforge.runtime import metal as metal_runtime
 
-from fusion_helpers import assert_matches, check, to_double
+from fusion_helpers import check
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,8 @@
 """Random expression trees over the supported operations: fused (float32, bfloat16 or float16
 inputs, computed in float32) against eager torch on float64 copies of the same inputs, with
 random broadcasting among the leaves and a Python-number argument."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -56,6 +58,7 @@ BINARY = {
     "where_gt": lambda a, b: where(a > b, a - b, (b - a) * 0.5),
     "where_mask": lambda a, b: where((a < 0.37) | (b > -0.81) & (a > -2.3), a, -b),
 }
+EXAMPLES = int(os.environ.get("FUSION_EXAMPLES", 30))   # FUSION_EXAMPLES=2000 for a longer search
 LEAF_SHAPES = {"full": lambda m, n: (m, n), "row": lambda m, n: (n,), "col": lambda m, n: (m, 1),
                "scalar": lambda m, n: (), "one": lambda m, n: (1, 1)}
 
@@ -106,7 +109,7 @@ def cases(draw):
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-@settings(max_examples=int(__import__("os").environ.get("FUSION_EXAMPLES", 30)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_random_expressions_match_eager_float64(backend, case):
     tree, m, n, kinds, seed, number, dtype = case

@@ -106,7 +106,8 @@ def silu(g: Graph, x: Node, line: Optional[SourceLine]) -> Node:
 def relu(g: Graph, x: Node, line: Optional[SourceLine]) -> Node:
     """``maximum(x, 0)``: nan stays nan, as in torch."""
     if x.dtype == torch.bool:
-        raise FusionError("relu does not take bool tensors (torch refuses them too)" + (f" (at {line})" if line else ""))
+        raise FusionError("relu does not take bool tensors (torch refuses them too)"
+                          + (f" (at {line})" if line else ""))
     return g.add("maximum", (x, g.const(0)), None, line)
 
 

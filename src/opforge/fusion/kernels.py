@@ -28,7 +28,7 @@ import torch
 from ..runtime import alloc
 from . import cache, codegen_torch, config
 from .graph import Graph, Node
-from .layout import HOST, STRIDED, Layout, ceil_div, next_power_of_2
+from .layout import HOST, STRIDED, Layout, ceil_div
 
 
 def empty(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
