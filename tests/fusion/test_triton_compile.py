@@ -103,3 +103,32 @@ def test_strided_three_d_and_int64_indexing_compile(ptx_of):
     f = fuse(lambda x, y, z: (x * y + z, x > z))
     x = torch.randn(3, 4, 10)[:, :, ::2]
     ptx_of(f, (x, torch.randn(4, 5), torch.randn(3, 1, 5)))
+
+
+def test_plan_launch_keys_determine_tritons_generic_key(monkeypatch):
+    """Equal plan keys must mean equal generic keys (else a cached binary would be launched with
+    arguments it was not specialized for)."""
+    from opforge.runtime.launch import TritonLauncher
+
+    f = fuse(lambda x, b, s, n, flag: where(flag, x + b * s, x - n))
+    base = torch.randn(6, 40)
+    misaligned = torch.randn(6 * 40 + 1)[1:].view(6, 40)     # same plan, data 4 bytes off 16
+    calls = [(base, torch.randn(40), 0.5, 1, True), (base, torch.randn(40), 2.0, 16, True),
+             (base, torch.randn(40), 2.0, 3, False), (base, torch.randn(40), 2.0, 2**33, False),
+             (misaligned, torch.randn(40), 0.5, 1, True)]
+    with opforge.backend("triton"):
+        f(*calls[0])
+    plan = next(iter(f._plans.values()))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    module = types.ModuleType("keyed_for_test")
+    exec(compile(plan.source, plan.note.split(" in ")[-1], "exec"), module.__dict__)
+    kernel = next(v for k, v in vars(module).items() if k.endswith("_kernel"))
+    generic = TritonLauncher(kernel)._key
+    seen: dict = {}
+    for args in calls:
+        ins = [args[p] for p in plan.positions]
+        outs = [torch.empty(plan.shape, dtype=d) for d in plan.dtypes]
+        mine = plan.launch_key(ins)
+        theirs = generic((*outs, *ins, *plan.tail), plan.num_warps, 2)
+        assert seen.setdefault(mine, theirs) == theirs
+    assert len(seen) == 5

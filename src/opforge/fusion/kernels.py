@@ -38,6 +38,13 @@ def empty(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _number_spec(v: Any) -> Any:
+    """What Triton's generic launch key records for a Python number (see runtime.launch)."""
+    if type(v) is int:
+        return (v == 1, v & 15 == 0, -2**31 <= v < 2**31)
+    return v if type(v) is bool else type(v)
+
+
 def safe_name(name: str) -> str:
     """A Python identifier made from a function's name (``<lambda>`` -> ``lambda_``)."""
     cleaned = re.sub(r"\W", "_", name).strip("_") or "fn"
@@ -193,14 +200,16 @@ class _TritonPlan(Plan):
             with np.errstate(all="ignore"):
                 self.launcher(self.grid, (*outs, *ins, *self.tail), self.num_warps)
             return outs[0] if self.single else tuple(outs)
-        # What Triton specializes on beyond this plan: input alignment, int widths, bool values
-        # (outputs come from the caching allocator, always 16-byte aligned).
+        self.launcher(self.grid, (*outs, *ins, *self.tail), self.num_warps, key=self.launch_key(ins))
+        return outs[0] if self.single else tuple(outs)
+
+    def launch_key(self, ins: Sequence[Any]) -> tuple:
+        """What Triton specializes on beyond this plan: input alignment, and the Python numbers as
+        the launcher's generic key sees them (outputs come from the caching allocator: aligned)."""
         key = (self, *[ins[i].data_ptr() & 15 == 0 for i in self.tensor_ins])
         if self.numbers:
-            key += tuple(ins[i] if type(ins[i]) is bool else type(ins[i]) is int and -2**31 <= ins[i] < 2**31
-                         for i in self.numbers)
-        self.launcher(self.grid, (*outs, *ins, *self.tail), self.num_warps, key=key)
-        return outs[0] if self.single else tuple(outs)
+            key += tuple(_number_spec(ins[i]) for i in self.numbers)
+        return key
 
 
 def build(backend: str, graph: Graph, nodes: list[Node], layout: Optional[Layout], name: str, title: str) -> Any:
