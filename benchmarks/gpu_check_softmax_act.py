@@ -382,24 +382,29 @@ def section_sweep(results: dict, copy_gbs: float, quick: bool) -> None:
             if 4 <= bn // (32 * w) <= 128:
                 alts.append((f"row w{w}", lambda c, w=w, bn=bn: stk.launch_tile(c, 1, bn, w)))
         if shape[1] >= 16384:
-            for chunk, w in ((8192, 8), (8192, 16), (16384, 16), (16384, 32)):
+            for chunk, w in ((8192, 8), (16384, 8), (16384, 16), (32768, 16)):
                 for ctas in (1, 2, ROWS):
                     alts.append((f"looped c{chunk} w{w} g{'rows' if ctas == ROWS else ctas}",
                                  lambda c, ch=chunk, w=w, k=ctas: stk.launch_looped(c, ch, w, k)))
         plans.append((shape, alts))
     alts = []
-    for chunk, w in ((8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32)):
+    for chunk, w in ((8192, 8), (16384, 8), (16384, 16), (32768, 16), (32768, 32)):
         for ctas in (1, 2, 4, ROWS):
             alts.append((f"looped c{chunk} w{w} g{'rows' if ctas == ROWS else ctas}",
                          lambda c, ch=chunk, w=w, k=ctas: stk.launch_looped(c, ch, w, k)))
     alts.append(("looped default, no L2 hints", lambda c: stk.launch_looped(c, hints=False)))
-    for stages in (1, 3, 4):
+    alts.append(("looped default, no prefetch", lambda c: stk.launch_looped(c, prefetch=False)))
+    alts.append(("looped default, no hints/prefetch", lambda c: stk.launch_looped(c, hints=False, prefetch=False)))
+    for cols in (1024, 2048, 8192, 16384):  # R = chunk / cols values per lane and step (default R = 4)
+        alts.append((f"looped default, cols {cols}", lambda c, k=cols: stk.launch_looped(c, cols=k)))
+    for stages in (1, 3):
         alts.append((f"looped default, num_stages={stages}", lambda c, st=stages: stk.launch_looped(c, num_stages=st)))
     plans.append((SWEEP_LONG, alts))
     for shape in SWEEP_FEW:
         alts = [("looped default", lambda c: stk.launch_looped(c))]
-        for chunk in (1024, 2048, 4096):
+        for chunk in (1024, 2048, 4096, 8192):
             alts.append((f"split c{chunk}", lambda c, ch=chunk: stk.launch_split(c, ch)))
+        alts.append(("split c2048 no prefetch", lambda c: stk.launch_split(c, 2048, prefetch=False)))
         alts.append(("split c2048 x2 splits", lambda c: stk.launch_split(
             c, 2048, splits=2 * stk.split_config(c.problem.rows, c.problem.n, stk._sms(c.x.tensor))[0])))
         plans.append((shape, alts))

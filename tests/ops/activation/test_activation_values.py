@@ -210,13 +210,15 @@ def test_formulas_match_torch_functional_in_float64():
 
 @given(
     op=st.sampled_from(OPS),
-    shape=st.lists(st.integers(1, 40), min_size=0, max_size=3),
+    lead=st.lists(st.integers(1, 5), min_size=0, max_size=2),
+    n=st.integers(1, 300),
+    scalar=st.booleans(),
     dtype=st.sampled_from(DTYPES),
     layout=st.sampled_from(["packed", "strided", "transposed", "sliced"]),
     approximate=st.sampled_from([None, "none", "tanh"]),
 )
-def test_random_shapes_layouts_dtypes(op, shape, dtype, layout, approximate):
-    shape = tuple(shape)
+def test_random_shapes_layouts_dtypes(op, lead, n, scalar, dtype, layout, approximate):
+    shape = () if scalar and not lead else tuple(lead) + (n,)
     if not shape:
         layout = "packed"
     if op not in ("gelu", "geglu"):

@@ -11,10 +11,13 @@ Four variants, chosen by the row length N and the number of rows:
   the whole GPU. A first kernel writes each segment's (max, sum of exp) to a small workspace;
   a second merges its row's partials and writes its segment. The segments are re-read from L2
   at these sizes.
-* ``looped`` (any N): a persistent grid; each program walks its rows in chunks. The first walk
-  keeps, per lane, a running maximum and a running sum rescaled to it (an online softmax: one
-  exponential per element, never overflowing); the lanes are merged at the end of the row. The
-  second walk goes backwards, so the chunks read last by the first walk, still in L2, come first.
+* ``looped`` (any N): a persistent grid, one program per SM; each program walks its rows in
+  tiles of R x C elements. The first walk keeps, per lane, a running maximum and a sum rescaled
+  to it (an online softmax, never overflowing); a tile's R values per lane are reduced inside
+  their thread first, so the loop has no barrier and pays 1 + 2/R exponentials per element. The
+  lanes are merged at the end of the row. The second walk goes backwards, so the tiles the first
+  walk read last, still in L2 (loaded with ``evict_last``), come first; each walk loads its next
+  tile before computing the current one.
 
 All accumulate in float32 and subtract the row maximum before exponentiating. Rows are
 addressed as ``(r // inner) * stride_outer + (r % inner) * stride_inner`` so strided views run
@@ -74,87 +77,131 @@ def _tile_kernel(x_ptr, y_ptr, rows, n, x_inner, x_so, x_si,
 
 
 @triton.jit
-def _online_stats(x_row, start, end, CHUNK: tl.constexpr, HINTS: tl.constexpr):
-    """(max, sum of exp(x - max)) of x_row[start:end], walked in CHUNK steps.
-
-    Each lane keeps its own maximum m and a sum s scaled to it. A new value v either raises m
-    (s becomes s * exp(m - v) + 1) or not (s grows by exp(v - m)): exp(-|v - m|) serves both,
-    so one exponential per element. Lanes that saw only -inf keep m = -inf, s = 0.
-    """
-    cols = tl.arange(0, CHUNK)
-    m_vec = tl.full([CHUNK], float("-inf"), tl.float32)
-    s_vec = tl.zeros([CHUNK], tl.float32)
-    for off in range(start, end, CHUNK):
-        c = off + cols
-        if HINTS:
-            v = tl.load(x_row + c, mask=c < end, other=float("-inf"), eviction_policy="evict_last")
-        else:
-            v = tl.load(x_row + c, mask=c < end, other=float("-inf"))
-        v = v.to(tl.float32)
-        m_new = tl.maximum(m_vec, v, propagate_nan=tl.PropagateNan.ALL)  # a NaN poisons its lane's sum
-        gap = tl.where(m_new == float("-inf"), float("-inf"), -tl.abs(v - m_vec))
-        t = tl.exp2(gap * 1.4426950408889634)
-        s_vec = tl.where(v > m_vec, s_vec * t + 1.0, s_vec + t)
-        m_vec = m_new
-    m = tl.max(m_vec, axis=0)
-    scaled = tl.where(m_vec == float("-inf"), 0.0, s_vec * tl.exp2((m_vec - m) * 1.4426950408889634))
-    return m, tl.sum(scaled, axis=0)
+def _load_tile(x_row, off, end, offs, HINTS: tl.constexpr):
+    """x_row[off + offs] where in range, -inf elsewhere; with HINTS, kept in L2 for a second read."""
+    idx = off + offs
+    if HINTS:
+        v = tl.load(x_row + idx, mask=idx < end, other=float("-inf"), eviction_policy="evict_last")
+    else:
+        v = tl.load(x_row + idx, mask=idx < end, other=float("-inf"))
+    return v
 
 
 @triton.jit
-def _write_segment(x_row, y_row, start, end, m, total, LOG: tl.constexpr, CHUNK: tl.constexpr,
-                   REVERSE: tl.constexpr, HINTS: tl.constexpr):
-    """y_row[start:end] = softmax (or log_softmax) of x_row[start:end] given the row's max and sum."""
-    cols = tl.arange(0, CHUNK)
-    steps = tl.cdiv(end - start, CHUNK)
+def _online_stats(x_row, start, end, R: tl.constexpr, C: tl.constexpr, HINTS: tl.constexpr,
+                  PREFETCH: tl.constexpr):
+    """(max, sum of exp(x - max)) of x_row[start:end], walked in tiles of R x C elements.
+
+    Each of the C lanes keeps a running maximum and a sum scaled to it (an online softmax). The R
+    values a lane gets per tile lie in one thread, so they are reduced first and the rescaling
+    costs two exponentials per R elements: 1 + 2/R exponentials per element, no barrier in the
+    loop. Lanes that saw only -inf keep m = -inf, s = 0. With PREFETCH the next tile is loaded
+    before this one is reduced, so one program per SM keeps memory busy while it computes.
+    """
+    offs = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    m_vec = tl.full([C], float("-inf"), tl.float32)
+    s_vec = tl.zeros([C], tl.float32)
+    if PREFETCH:
+        nxt = _load_tile(x_row, start, end, offs, HINTS)
+    for off in range(start, end, R * C):
+        if PREFETCH:
+            v = nxt
+            nxt = _load_tile(x_row, off + R * C, end, offs, HINTS)  # past the end: all masked, no traffic
+        else:
+            v = _load_tile(x_row, off, end, offs, HINTS)
+        v = v.to(tl.float32)
+        m_new = tl.maximum(m_vec, tl.max(v, axis=0))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all -inf lane adds exp(-inf) = 0
+        e = tl.exp2((v - base[None, :]) * 1.4426950408889634)
+        s_vec = s_vec * tl.exp2((m_vec - base) * 1.4426950408889634) + tl.sum(e, axis=0)
+        m_vec = m_new
+    m = tl.max(m_vec, axis=0)
+    base = tl.where(m == float("-inf"), 0.0, m)
+    return m, tl.sum(s_vec * tl.exp2((m_vec - base) * 1.4426950408889634), axis=0)
+
+
+@triton.jit
+def _load_last_use(x_row, off, end, offs, HINTS: tl.constexpr):
+    """x_row[off + offs] where in range, 0 elsewhere; with HINTS, let L2 drop it first."""
+    idx = off + offs
+    if HINTS:
+        v = tl.load(x_row + idx, mask=idx < end, other=0.0, eviction_policy="evict_first")
+    else:
+        v = tl.load(x_row + idx, mask=idx < end, other=0.0)
+    return v
+
+
+@triton.jit
+def _write_segment(x_row, y_row, start, end, m, total, LOG: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+                   REVERSE: tl.constexpr, HINTS: tl.constexpr, PREFETCH: tl.constexpr):
+    """y_row[start:end] = softmax (or log_softmax) of x_row[start:end] given the row's max and sum.
+
+    With REVERSE the tiles go last to first (those the first walk read last are the likeliest
+    still in L2); with PREFETCH the next tile is loaded before this one is computed and stored.
+    """
+    offs = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    steps = tl.cdiv(end - start, R * C)
     inv = 1.0 / total
     log_total = tl.log(total)
+    if PREFETCH:
+        if REVERSE:
+            nxt = _load_last_use(x_row, start + (steps - 1) * (R * C), end, offs, HINTS)
+        else:
+            nxt = _load_last_use(x_row, start, end, offs, HINTS)
     for i in range(0, steps):
         if REVERSE:
-            off = start + (steps - 1 - i) * CHUNK
+            off = start + (steps - 1 - i) * (R * C)
         else:
-            off = start + i * CHUNK
-        c = off + cols
-        ok = c < end
-        if HINTS:
-            v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
+            off = start + i * (R * C)
+        if PREFETCH:
+            v = nxt
+            j = tl.minimum(i + 1, steps - 1)  # the last step reloads its own tile (cached), no overrun
+            if REVERSE:
+                nxt = _load_last_use(x_row, start + (steps - 1 - j) * (R * C), end, offs, HINTS)
+            else:
+                nxt = _load_last_use(x_row, start + j * (R * C), end, offs, HINTS)
         else:
-            v = tl.load(x_row + c, mask=ok, other=0.0)
+            v = _load_last_use(x_row, off, end, offs, HINTS)
         shifted = v.to(tl.float32) - m
         if LOG:
             y = shifted - log_total
         else:
             y = tl.exp2(shifted * 1.4426950408889634) * inv
-        tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok)
+        idx = off + offs
+        if HINTS:
+            tl.store(y_row + idx, y.to(y_row.dtype.element_ty), mask=idx < end, eviction_policy="evict_first")
+        else:
+            tl.store(y_row + idx, y.to(y_row.dtype.element_ty), mask=idx < end)
 
 
 @triton.jit
-def _looped_kernel(x_ptr, y_ptr, rows, n, x_inner, x_so, x_si,
-                   LOG: tl.constexpr, CHUNK: tl.constexpr, HINTS: tl.constexpr):
+def _looped_kernel(x_ptr, y_ptr, rows, n, x_inner, x_so, x_si, LOG: tl.constexpr, R: tl.constexpr,
+                   C: tl.constexpr, HINTS: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     for i in range(0, tl.cdiv(rows - pid, programs)):
         row = pid + i * programs
         x_row = x_ptr + _row_base(row, x_inner, x_so, x_si)
         y_row = y_ptr + row.to(tl.int64) * n
-        m, total = _online_stats(x_row, 0, n, CHUNK, HINTS)
-        _write_segment(x_row, y_row, 0, n, m, total, LOG, CHUNK, True, HINTS)
+        m, total = _online_stats(x_row, 0, n, R, C, HINTS, PREFETCH)
+        _write_segment(x_row, y_row, 0, n, m, total, LOG, R, C, True, HINTS, PREFETCH)
 
 
 @triton.jit
-def _split_stats_kernel(x_ptr, ws_ptr, n, splits, seg, x_inner, x_so, x_si, CHUNK: tl.constexpr):
+def _split_stats_kernel(x_ptr, ws_ptr, n, splits, seg, x_inner, x_so, x_si, R: tl.constexpr, C: tl.constexpr,
+                        PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     row = pid // splits
     start = (pid % splits) * seg
     x_row = x_ptr + _row_base(row, x_inner, x_so, x_si)
-    m, total = _online_stats(x_row, start, tl.minimum(start + seg, n), CHUNK, False)
+    m, total = _online_stats(x_row, start, tl.minimum(start + seg, n), R, C, False, PREFETCH)
     tl.store(ws_ptr + pid * 2, m)
     tl.store(ws_ptr + pid * 2 + 1, total)
 
 
 @triton.jit
-def _split_apply_kernel(x_ptr, y_ptr, ws_ptr, n, splits, seg, x_inner, x_so, x_si,
-                        LOG: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr):
+def _split_apply_kernel(x_ptr, y_ptr, ws_ptr, n, splits, seg, x_inner, x_so, x_si, LOG: tl.constexpr,
+                        R: tl.constexpr, C: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     row = pid // splits
     start = (pid % splits) * seg
@@ -168,7 +215,7 @@ def _split_apply_kernel(x_ptr, y_ptr, ws_ptr, n, splits, seg, x_inner, x_so, x_s
                    axis=0)
     x_row = x_ptr + _row_base(row, x_inner, x_so, x_si)
     y_row = y_ptr + row.to(tl.int64) * n
-    _write_segment(x_row, y_row, start, tl.minimum(start + seg, n), m, total, LOG, CHUNK, False, False)
+    _write_segment(x_row, y_row, start, tl.minimum(start + seg, n), m, total, LOG, R, C, False, False, PREFETCH)
 
 
 _tile = TritonLauncher(_tile_kernel)
@@ -206,9 +253,8 @@ def row_config(n: int) -> tuple[int, int, int]:
 
 @functools.lru_cache(maxsize=None)
 def looped_config(elem_size: int) -> tuple[int, int]:
-    """(CHUNK, num_warps) for the looped variant: 32 elements per thread per step."""
-    chunk = LOOP_CHUNK[elem_size]
-    return chunk, max(4, min(32, chunk // 1024))
+    """(CHUNK, num_warps) for the looped variant: 16 warps, 32 KiB per step."""
+    return LOOP_CHUNK[elem_size], 16
 
 
 def split_config(rows: int, n: int, sms: int, chunk: int = SPLIT_CHUNK) -> tuple[int, int]:
@@ -266,26 +312,35 @@ def launch_row(call: SoftmaxCall) -> torch.Tensor:
     return launch_tile(call, *row_config(call.problem.n))
 
 
+def tile_shape(chunk: int, num_warps: int, elem_size: int, cols: Optional[int] = None) -> tuple[int, int]:
+    """(R, C) of a looped/split step of ``chunk`` elements: C lanes (one 16-byte vector per thread
+    across all warps, so the R values of a lane stay in one thread) times R."""
+    c = min(chunk, cols or (16 // elem_size) * 32 * num_warps)
+    return chunk // c, c
+
+
 def launch_looped(call: SoftmaxCall, chunk: Optional[int] = None, num_warps: Optional[int] = None,
-                  ctas_per_sm: Optional[int] = None, hints: bool = True, num_stages: int = 2) -> torch.Tensor:
+                  ctas_per_sm: Optional[int] = None, hints: bool = True, prefetch: bool = True,
+                  cols: Optional[int] = None, num_stages: int = 2) -> torch.Tensor:
     """Run the looped variant; the keyword arguments override its configuration (for tuning)."""
     p = call.problem
     x, inner, so, si = _x_args(call)
     y = alloc.empty_packed_like(x)
     default_chunk, default_warps = looped_config(x.element_size())
     chunk = chunk or min(default_chunk, max(16, triton.next_power_of_2(p.n)))
-    num_warps = num_warps or min(default_warps, max(1, chunk // 256))
+    num_warps = num_warps or min(default_warps, max(1, chunk // 1024))
+    r, c = tile_shape(chunk, num_warps, x.element_size(), cols)
     programs = min(p.rows, _sms(x) * (ctas_per_sm or LOOP_CTAS_PER_SM))
     hints = hints and not triton_interpreting()
-    key = _key(x, _spec(p.rows), _spec(p.n), _spec(inner), _spec(so), _spec(si), p.is_log, chunk, hints,
+    key = _key(x, _spec(p.rows), _spec(p.n), _spec(inner), _spec(so), _spec(si), p.is_log, r, c, hints, prefetch,
                num_warps, num_stages)
-    _looped((programs,), (x, y, p.rows, p.n, inner, so, si, p.is_log, chunk, hints),
+    _looped((programs,), (x, y, p.rows, p.n, inner, so, si, p.is_log, r, c, hints, prefetch),
             num_warps=num_warps, num_stages=num_stages, key=key)
     return call.finish(y)
 
 
 def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optional[int] = None,
-                 splits: Optional[int] = None) -> torch.Tensor:
+                 splits: Optional[int] = None, prefetch: bool = True, cols: Optional[int] = None) -> torch.Tensor:
     """Run the two-kernel split variant; the keyword arguments override its configuration."""
     p = call.problem
     x, inner, so, si = _x_args(call)
@@ -296,14 +351,15 @@ def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optiona
         seg = triton.cdiv(triton.cdiv(p.n, splits), chunk) * chunk
         splits = triton.cdiv(p.n, seg)
     num_warps = num_warps or max(1, min(8, chunk // 512))
+    r, c = tile_shape(chunk, num_warps, x.element_size(), cols)
     ws = torch.empty(p.rows * splits * 2, dtype=torch.float32, device=x.device)
     grid = (p.rows * splits,)
     ints = (_spec(p.n), _spec(splits), _spec(seg), _spec(inner), _spec(so), _spec(si))
-    _split_stats(grid, (x, ws, p.n, splits, seg, inner, so, si, chunk), num_warps=num_warps,
-                 key=_key(x, *ints, chunk, num_warps))
+    _split_stats(grid, (x, ws, p.n, splits, seg, inner, so, si, r, c, prefetch), num_warps=num_warps,
+                 key=_key(x, *ints, r, c, prefetch, num_warps))
     parts = max(2, triton.next_power_of_2(splits))
-    _split_apply(grid, (x, y, ws, p.n, splits, seg, inner, so, si, p.is_log, chunk, parts), num_warps=num_warps,
-                 key=_key(x, *ints, p.is_log, chunk, parts, num_warps))
+    _split_apply(grid, (x, y, ws, p.n, splits, seg, inner, so, si, p.is_log, r, c, parts, prefetch),
+                 num_warps=num_warps, key=_key(x, *ints, p.is_log, r, c, parts, prefetch, num_warps))
     return call.finish(y)
 
 
