@@ -33,7 +33,6 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
-from ...runtime.backends import triton_interpreting
 from ...runtime.launch import TritonLauncher
 from .problem import HALF_AND_SINGLE, MAX_ROWS, SoftmaxCall, SoftmaxProblem
 
@@ -331,7 +330,6 @@ def launch_looped(call: SoftmaxCall, chunk: Optional[int] = None, num_warps: Opt
     num_warps = num_warps or min(default_warps, max(1, chunk // 1024))
     r, c = tile_shape(chunk, num_warps, x.element_size(), cols)
     programs = min(p.rows, _sms(x) * (ctas_per_sm or LOOP_CTAS_PER_SM))
-    hints = hints and not triton_interpreting()
     key = _key(x, _spec(p.rows), _spec(p.n), _spec(inner), _spec(so), _spec(si), p.is_log, r, c, hints, prefetch,
                num_warps, num_stages)
     _looped((programs,), (x, y, p.rows, p.n, inner, so, si, p.is_log, r, c, hints, prefetch),
