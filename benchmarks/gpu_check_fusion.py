@@ -143,7 +143,8 @@ def first_calls(x, b, r, do_compile: bool) -> None:
         compiled_warm = wall(lambda: torch.compile(second_eager)(x, b, r, 0.5))
         out.update(torch_compile_cold_s=compiled_cold, torch_compile_warm_process_s=compiled_warm,
                    ratio_cold=compiled_cold / ours_cold, ratio_warm=compiled_warm / ours_warm)
-        RESULTS["targets"]["first_call_10x_shorter"] = out["ratio_cold"] >= 10 and out["ratio_warm"] >= 10
+        RESULTS["targets"]["first_call_10x_shorter_cold_process"] = out["ratio_cold"] >= 10
+        RESULTS["targets"]["first_call_10x_shorter_warm_process"] = out["ratio_warm"] >= 10
     RESULTS["first_call"] = out
     say("first call: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
 
