@@ -132,7 +132,15 @@ def first_calls(x, b, r, do_compile: bool) -> None:
         return gelu(x - b) * s + r * 0.5
 
     ours_warm = wall(lambda: fuse(second)(x, b, r, 0.5))
-    out = {"opforge_cold_s": ours_cold, "opforge_warm_process_s": ours_warm}
+
+    def third(x, b, r, s: float):
+        return gelu(x * b) * s - r
+
+    f3 = fuse(third)      # where a first call's time goes: trace + codegen + import, then compile + launch
+    prepare = wall(lambda: f3.source(DEVICE, x, b, r, 0.5))
+    compile_launch = wall(lambda: f3(x, b, r, 0.5))
+    out = {"opforge_cold_s": ours_cold, "opforge_warm_process_s": ours_warm,
+           "opforge_trace_codegen_import_s": prepare, "opforge_compile_launch_s": compile_launch}
     if do_compile:
         torch._dynamo.reset()
         compiled_cold = wall(lambda: torch.compile(chain_eager)(x, b, r, 0.5))
