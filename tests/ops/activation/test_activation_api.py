@@ -215,3 +215,14 @@ def test_strict_mode_raises_where_fallback_would_run(cpu_as_accelerator):
     with opforge.strict(), pytest.raises(opforge.NoKernelError, match="float64") as info:
         geglu(x, x)
     assert info.value.op == "geglu"
+
+
+def test_verify_cases_quick_and_full():
+    from opforge.ops.activation import cases as act_cases
+    from opforge.ops.softmax import cases as sm_cases
+
+    for family in (act_cases, sm_cases):
+        for device_type in ("cpu", "cuda"):
+            full, quick = family.verify_cases(device_type), family.verify_cases(device_type, quick=True)
+            assert 0 < len(quick) < len(full)
+            assert any(c.layout.startswith("strided") for c in quick)

@@ -53,6 +53,7 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
     else:
         shapes = [(7, 1), (64, 77), (262144, 128), (4096, 1024), (256, 4096), (64, 32768), (512, 65536),
                   (2, 262144), (1, 1048576)]
+    strided, huge_logits = shapes[1], shapes[2]
     if quick:
         shapes = shapes[1::2]
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
@@ -61,7 +62,7 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
         for shape in shapes:
             for dtype in dtypes:
                 cases.append(make_case(op, shape, dtype))
-        cases.append(make_case(op, shapes[1], torch.bfloat16, layout="strided"))
-        cases.append(make_case(op, shapes[2], torch.float32, scale=1e4))
+        cases.append(make_case(op, strided, torch.bfloat16, layout="strided"))
+        cases.append(make_case(op, huge_logits, torch.float32, scale=1e4))
         cases.append(make_case(op, (8, 33), torch.float16, dim=0))
     return cases
