@@ -7,7 +7,9 @@ Example:
     >>> t[0].backend
     'torch'
 """
-from . import nn
+from . import fusion, nn
+from .fusion import FusionError, UnfusableError, fuse
+from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from .runtime.device import DeviceInfo, device_info
 from .runtime.errors import NoKernelError
@@ -21,4 +23,6 @@ __all__ = [
     "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
+    "fuse", "FusionError", "UnfusableError",
+    "where", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "minimum", "maximum", "pow", "cast",
 ]
