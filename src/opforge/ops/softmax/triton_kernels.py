@@ -47,8 +47,6 @@ SPLIT_PROGRAMS_PER_SM = 4             # how many segment programs the split vari
 MAX_SPLITS = 1024
 MAX_N = 2**31 - 1
 
-LOG2E = 1.4426950408889634
-
 
 @triton.jit
 def _row_base(row, inner, stride_outer, stride_inner):
