@@ -62,16 +62,11 @@ def configs(n, itemsize):
 
 
 def launch_config(call, kind, params):
-    y = torch.empty(call.shape, dtype=call.x.tensor.dtype, device=call.x.tensor.device)
-    s = torch.empty_like(y) if call.problem.has_residual else None
-    args = tk._common_args(call, y, s)
     if kind == "tile":
         bm, bn, w, st = params
-        tk._tile((triton.cdiv(call.problem.rows, bm),), args + (bm, bn), num_warps=w, num_stages=st)
-    else:
-        chunk, w, st = params
-        tk._looped((call.problem.rows,), args + (chunk,), num_warps=w, num_stages=st)
-    return (y, s) if s is not None else y
+        return tk._launch(tk._tile, call, ("tune",) + params, (triton.cdiv(call.problem.rows, bm),), (bm, bn), w)
+    chunk, w, st = params
+    return tk._launch(tk._looped, call, ("tune",) + params, (call.problem.rows,), (chunk,), w)
 
 
 def main():

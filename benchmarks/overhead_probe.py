@@ -30,28 +30,15 @@ x = torch.randn(2, 32, 256, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(256, device="cuda", dtype=torch.bfloat16)
 call = prepare("layer_norm", x, None, w, b, 1e-5)
-y = torch.empty_like(x)
-args = tk._common_args(call, y, None)
-bm, bn, nw = tk.multirow_config(256, 2)
-full = args + (bm, bn)
-grid = (triton_cdiv := (call.problem.rows + bm - 1) // bm,)
-tk._tile(grid, full, num_warps=nw)
-compiled = next(iter(tk._tile._compiled.values()))
-function, packed, run = compiled
-stream = torch._C._cuda_getCurrentRawStream(0)
 stages = {
     "F.layer_norm (eager)": lambda: F.layer_norm(x, (256,), w, b),
     "torch.empty_like": lambda: torch.empty_like(x),
-    "torch.empty(shape, dtype, device)": lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device),
     "prepare": lambda: prepare("layer_norm", x, None, w, b, 1e-5),
     "registry.select": lambda: registry.select("layer_norm", call.problem, "cuda"),
-    "_common_args": lambda: tk._common_args(call, y, None),
-    "launcher._key": lambda: tk._tile._key(full, nw, 2),
-    "compiled.run direct": lambda: run(grid[0], 1, 1, stream, function, packed, None, None, None, *full),
-    "launcher call": lambda: tk._tile(grid, full, num_warps=nw),
-    "triton kernel[grid]": lambda: tk._tile_kernel[grid](*full, num_warps=nw),
-    "launch_multirow": lambda: tk.launch_multirow(call),
+    "launch_multirow (alloc + launch)": lambda: tk.launch_multirow(call),
     "opforge.layer_norm": lambda: opforge.layer_norm(x, w, b),
+    "F.rms_norm (eager)": lambda: F.rms_norm(x, (256,), w, 1e-6),
+    "opforge.rms_norm": lambda: opforge.rms_norm(x, w),
 }
 for name, fn in stages.items():
     print(f"{name:36s} {per_call_us(fn):7.2f} us", flush=True)

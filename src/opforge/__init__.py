@@ -10,7 +10,9 @@ Example:
 from . import fusion, nn
 from .fusion import FusionError, UnfusableError, fuse
 from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
+from .ops.activation import geglu, gelu, relu, silu, swiglu
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from .ops.softmax import log_softmax, softmax
 from .runtime.device import DeviceInfo, device_info
 from .runtime.errors import NoKernelError
 from .runtime.policy import FallbackWarning, backend, strict
@@ -21,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
+    "softmax", "log_softmax", "gelu", "silu", "relu", "swiglu", "geglu",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
     "fuse", "FusionError", "UnfusableError",

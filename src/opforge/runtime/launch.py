@@ -126,6 +126,26 @@ class TritonLauncher:
             self._stream(args[0].device.index), function, packed, None, None, None, *flat)
         self.fast_path = True
 
+    def launch_raw(self, key: tuple, grid: tuple, raw_args: Sequence[Any], num_warps: int,
+                   device_index: int) -> bool:
+        """Launch the binary compiled earlier under ``key`` with raw addresses in place of tensors.
+
+        Returns False, doing nothing, when there is none yet (or a profiler hook, the interpreter,
+        another current device, or OPFORGE_CHECK_LAUNCH_KEYS asks for the checked path): the
+        caller then launches through ``__call__`` with tensors.
+        """
+        if self.interpreted or _CHECK_KEYS:
+            return False
+        compiled = self._compiled.get(key)
+        if not compiled or device_index != _current_device() or _hook_active(self._hooks.launch_enter_hook) \
+                or _hook_active(self._hooks.launch_exit_hook):
+            return False
+        function, packed, run, _ = compiled
+        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+            self._stream(device_index), function, packed, None, None, None, *raw_args)
+        self.fast_path = True
+        return True
+
     def _prepare(self, compiled: Any, args: Sequence[Any]) -> Any:
         """Keep what a direct launch needs, or False where this Triton lacks the pieces."""
         try:

@@ -171,32 +171,7 @@ def looped_config(n: int) -> tuple[int, int]:
     return chunk, max(4, min(32, chunk // 512))
 
 
-def _common_args(call: NormCall, y: torch.Tensor, s: Optional[torch.Tensor]) -> tuple:
-    p = call.problem
-    x = call.x
-    r = call.residual or call.x
-    return (x.tensor, r.tensor, y, s if s is not None else y,
-            call.weight if call.weight is not None else y, call.bias if call.bias is not None else y,
-            p.rows, p.n, x.inner, x.stride_outer, x.stride_inner, r.inner, r.stride_outer, r.stride_inner,
-            call.eps, p.is_rms, p.has_residual, call.weight is not None, call.bias is not None)
-
-
 _I32_MAX = 2**31 - 1
-
-
-def _launch_key(call: NormCall, config: tuple) -> Optional[tuple]:
-    """A cheap key that fixes Triton's specialization of the kernel arguments, or None for the
-    generic path: pointers must all be 16-byte aligned and no integer may be 1 or beyond int32
-    (rows and inner are not specialized; outputs are fresh, hence aligned)."""
-    x, r = call.x, call.residual or call.x
-    w, b = call.weight, call.bias
-    ptrs = x.tensor.data_ptr() | r.tensor.data_ptr() | (w.data_ptr() if w is not None else 0) \
-        | (b.data_ptr() if b is not None else 0)
-    p = call.problem
-    if ptrs & 15 or p.n == 1 or max(x.stride_outer, x.stride_inner, r.stride_outer, r.stride_inner) > _I32_MAX:
-        return None
-    return (config, p.op, p.key, x.stride_outer & 15, x.stride_inner & 15, r.stride_outer & 15,
-            r.stride_inner & 15)
 
 
 def _outputs(call: NormCall):
@@ -206,35 +181,51 @@ def _outputs(call: NormCall):
     return y, s
 
 
-def _finish(y: torch.Tensor, s: Optional[torch.Tensor]):
+def _launch(launcher: TritonLauncher, call: NormCall, config: tuple, grid: tuple, constexprs: tuple, warps: int):
+    """Run one norm kernel: straight to the compiled binary with raw addresses when this
+    specialization has run before, else through Triton's path (which compiles)."""
+    p = call.problem
+    x, r = call.x, call.residual or call.x
+    w, b = call.weight, call.bias
+    y, s = _outputs(call)
+    xt = x.tensor
+    xp, rp, yp = xt.data_ptr(), r.tensor.data_ptr(), y.data_ptr()
+    sp = s.data_ptr() if s is not None else yp
+    wp = w.data_ptr() if w is not None else yp
+    bp = b.data_ptr() if b is not None else yp
+    tail = (p.rows, p.n, x.inner, x.stride_outer, x.stride_inner, r.inner, r.stride_outer, r.stride_inner,
+            call.eps, p.is_rms, p.has_residual, w is not None, b is not None) + constexprs
+    key = None
+    # The key fixes Triton's specialization: all pointers 16-byte aligned, no integer equal to 1
+    # or beyond int32, each stride's divisibility by 16 (rows and inner are not specialized).
+    if not ((xp | rp | wp | bp) & 15 or p.n == 1
+            or max(x.stride_outer, x.stride_inner, r.stride_outer, r.stride_inner) > _I32_MAX):
+        index = xt.device.index
+        key = (config, p.op, p.key, index, x.stride_outer & 15, x.stride_inner & 15, r.stride_outer & 15,
+               r.stride_inner & 15)
+        if launcher.launch_raw(key, grid, (xp, rp, yp, sp, wp, bp) + tail, warps, index):
+            return (y, s) if s is not None else y
+    launcher(grid, (xt, r.tensor, y, s if s is not None else y, w if w is not None else y,
+                    b if b is not None else y) + tail, num_warps=warps, key=key)
     return (y, s) if s is not None else y
 
 
 def launch_multirow(call: NormCall):
-    y, s = _outputs(call)
     config = multirow_config(call.problem.n, call.problem.dtype.itemsize)
     block_m, block_n, warps = config
-    _tile((triton.cdiv(call.problem.rows, block_m),), _common_args(call, y, s) + (block_m, block_n),
-          num_warps=warps, key=_launch_key(call, config))
-    return _finish(y, s)
+    return _launch(_tile, call, config, (triton.cdiv(call.problem.rows, block_m),), (block_m, block_n), warps)
 
 
 def launch_row(call: NormCall):
-    y, s = _outputs(call)
     config = row_config(call.problem.n, call.problem.dtype.itemsize, call.problem.is_rms)
     block_m, block_n, warps = config
-    _tile((call.problem.rows,), _common_args(call, y, s) + (block_m, block_n), num_warps=warps,
-          key=_launch_key(call, config))
-    return _finish(y, s)
+    return _launch(_tile, call, config, (call.problem.rows,), (block_m, block_n), warps)
 
 
 def launch_looped(call: NormCall):
-    y, s = _outputs(call)
     config = looped_config(call.problem.n)
     chunk, warps = config
-    _looped((call.problem.rows,), _common_args(call, y, s) + (chunk,), num_warps=warps,
-            key=_launch_key(call, config))
-    return _finish(y, s)
+    return _launch(_looped, call, config, (call.problem.rows,), (chunk,), warps)
 
 
 def _dtype_reason(p: NormProblem) -> Optional[str]:
