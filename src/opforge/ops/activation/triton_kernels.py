@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
-from ...runtime.launch import TritonLauncher
+from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
 from .problem import GATED, HALF_AND_SINGLE, ActivationCall, ActivationProblem
 
 BLOCK = {2: 4096, 4: 2048}     # per element size: elements per program (8 KiB)
@@ -92,7 +92,7 @@ _pointwise = TritonLauncher(_pointwise_kernel)
 @functools.lru_cache(maxsize=None)
 def block_config(n: int, elem_size: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for rows of ``n`` elements (``n`` = numel for a flat tensor)."""
-    block = max(MIN_BLOCK, min(BLOCK[elem_size], triton.next_power_of_2(n)))
+    block = max(MIN_BLOCK, min(BLOCK[elem_size], next_power_of_2(n)))
     return block, max(1, min(8, block // 512))
 
 
@@ -136,7 +136,7 @@ def launch_pointwise(call: ActivationCall, block: Optional[int] = None, num_warp
     default_block, default_warps = block_config(n, x.element_size())
     block = block or default_block
     num_warps = num_warps or (default_warps if block == default_block else max(1, min(16, block // 512)))
-    blocks = triton.cdiv(n, block)
+    blocks = cdiv(n, block)
     xa = (1, 0, 0) if rows == 1 else _addressing(x_rows)
     ua = (1, 0, 0) if rows == 1 else _addressing(u_rows)
     act = _act_code(p.op, p.approximate)

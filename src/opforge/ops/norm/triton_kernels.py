@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
-from ...runtime.launch import TritonLauncher
+from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
 from .problem import HALF_AND_SINGLE, NormCall, NormProblem
 
 MULTIROW_MAX_N = 1024
@@ -150,14 +150,14 @@ _looped = TritonLauncher(_looped_kernel)
 @functools.lru_cache(maxsize=None)
 def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows: 4 KiB of input, 4 warps (H100-tuned)."""
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     return max(1, min(128, TILE_BYTES // itemsize // block_n)), block_n, 4
 
 
 @functools.lru_cache(maxsize=None)
 def row_config(n: int, itemsize: int, is_rms: bool) -> tuple[int, int, int]:
     """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers (H100-tuned)."""
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     warps = 4 if block_n <= 2048 else 8 if block_n <= 8192 else 16 if block_n <= 16384 else 32
     if block_n == 32768 and itemsize == 4 and is_rms:
         warps = 16  # one float32 array per thread: more programs per SM beat more threads per row
@@ -167,7 +167,7 @@ def row_config(n: int, itemsize: int, is_rms: bool) -> tuple[int, int, int]:
 @functools.lru_cache(maxsize=None)
 def looped_config(n: int) -> tuple[int, int]:
     """(CHUNK, num_warps) for the looped variant."""
-    chunk = min(LOOP_CHUNK, triton.next_power_of_2(n))
+    chunk = min(LOOP_CHUNK, next_power_of_2(n))
     return chunk, max(4, min(32, chunk // 512))
 
 
@@ -213,7 +213,7 @@ def _launch(launcher: TritonLauncher, call: NormCall, config: tuple, grid: tuple
 def launch_multirow(call: NormCall):
     config = multirow_config(call.problem.n, call.problem.dtype.itemsize)
     block_m, block_n, warps = config
-    return _launch(_tile, call, config, (triton.cdiv(call.problem.rows, block_m),), (block_m, block_n), warps)
+    return _launch(_tile, call, config, (cdiv(call.problem.rows, block_m),), (block_m, block_n), warps)
 
 
 def launch_row(call: NormCall):

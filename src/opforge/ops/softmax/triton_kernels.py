@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
-from ...runtime.launch import TritonLauncher
+from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
 from .problem import HALF_AND_SINGLE, MAX_ROWS, SoftmaxCall, SoftmaxProblem
 
 MULTIROW_MAX_N = 1024
@@ -236,14 +236,14 @@ def _sms(x: torch.Tensor) -> int:
 @functools.lru_cache(maxsize=None)
 def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows: 4 KiB of input, 4 warps."""
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     return max(1, min(128, TILE_BYTES // itemsize // block_n)), block_n, 4
 
 
 @functools.lru_cache(maxsize=None)
 def row_config(n: int) -> tuple[int, int, int]:
     """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers."""
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     warps = 4 if block_n <= 2048 else 8 if block_n <= 8192 else 16 if block_n <= 16384 else 32
     return 1, block_n, warps
 
@@ -257,9 +257,9 @@ def looped_config(elem_size: int) -> tuple[int, int]:
 def split_config(rows: int, n: int, sms: int, chunk: int = SPLIT_CHUNK) -> tuple[int, int]:
     """(splits, seg): segments per row and their length (a multiple of ``chunk``)."""
     want = max(1, -(-SPLIT_PROGRAMS_PER_SM * sms // rows))
-    splits = max(1, min(want, MAX_SPLITS, triton.cdiv(n, chunk)))
-    seg = triton.cdiv(triton.cdiv(n, splits), chunk) * chunk
-    return triton.cdiv(n, seg), seg
+    splits = max(1, min(want, MAX_SPLITS, cdiv(n, chunk)))
+    seg = cdiv(cdiv(n, splits), chunk) * chunk
+    return cdiv(n, seg), seg
 
 
 def _x_args(call: SoftmaxCall) -> tuple:
@@ -296,7 +296,7 @@ def launch_tile(call: SoftmaxCall, block_m: int, block_n: int, num_warps: int) -
     y = alloc.empty_packed_like(x)
     key = _key(x, _spec(p.rows), _spec(p.n), _spec(inner), _spec(so), _spec(si), p.is_log, block_m, block_n,
                num_warps)
-    _tile((triton.cdiv(p.rows, block_m),), (x, y, p.rows, p.n, inner, so, si, p.is_log, block_m, block_n),
+    _tile((cdiv(p.rows, block_m),), (x, y, p.rows, p.n, inner, so, si, p.is_log, block_m, block_n),
           num_warps=num_warps, key=key)
     return call.finish(y)
 
@@ -324,7 +324,7 @@ def launch_looped(call: SoftmaxCall, chunk: Optional[int] = None, num_warps: Opt
     x, inner, so, si = _x_args(call)
     y = alloc.empty_packed_like(x)
     default_chunk, default_warps = looped_config(x.element_size())
-    chunk = chunk or min(default_chunk, max(16, triton.next_power_of_2(p.n)))
+    chunk = chunk or min(default_chunk, max(16, next_power_of_2(p.n)))
     num_warps = num_warps or min(default_warps, max(1, chunk // 1024))
     r, c = tile_shape(chunk, num_warps, x.element_size(), cols)
     programs = min(p.rows, _sms(x) * (ctas_per_sm or LOOP_CTAS_PER_SM))
@@ -344,8 +344,8 @@ def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optiona
     if splits is None:
         splits, seg = split_config(p.rows, p.n, _sms(x), chunk)
     else:
-        seg = triton.cdiv(triton.cdiv(p.n, splits), chunk) * chunk
-        splits = triton.cdiv(p.n, seg)
+        seg = cdiv(cdiv(p.n, splits), chunk) * chunk
+        splits = cdiv(p.n, seg)
     num_warps = num_warps or max(1, min(8, chunk // 512))
     r, c = tile_shape(chunk, num_warps, x.element_size(), cols)
     ws = torch.empty(p.rows * splits * 2, dtype=torch.float32, device=x.device)
@@ -353,7 +353,7 @@ def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optiona
     ints = (_spec(p.n), _spec(splits), _spec(seg), _spec(inner), _spec(so), _spec(si))
     _split_stats(grid, (x, ws, p.n, splits, seg, inner, so, si, r, c, prefetch), num_warps=num_warps,
                  key=_key(x, *ints, r, c, prefetch, num_warps))
-    parts = max(2, triton.next_power_of_2(splits))
+    parts = max(2, next_power_of_2(splits))
     _split_apply(grid, (x, y, ws, p.n, splits, seg, inner, so, si, p.is_log, r, c, parts, prefetch),
                  num_warps=num_warps, key=_key(x, *ints, p.is_log, r, c, parts, prefetch, num_warps))
     return call.finish(y)
