@@ -13,8 +13,7 @@ from typing import Optional
 
 import torch
 
-from ...runtime import alloc, registry, trace
-from ...runtime.registry import Variant
+from ...runtime import alloc, dispatch
 from . import reference
 from .problem import OPS, ActivationCall, prepare
 
@@ -26,15 +25,11 @@ def _torch_launch(call: ActivationCall) -> torch.Tensor:
 def _register() -> None:
     try:
         from . import triton_kernels
+        triton_rows = triton_kernels.VARIANTS
     except ImportError:  # no triton on this machine (e.g. macOS): the torch and metal paths remain
-        triton_kernels = None
-    for op in OPS:
-        if triton_kernels is not None:
-            for name, supports, launch, summary in triton_kernels.VARIANTS:
-                registry.register(Variant(op, "triton", name, supports, launch, summary))
-        registry.register(Variant(op, "torch", "reference", lambda p: None, _torch_launch,
-                                  "torch composite ops in float32 (float64 for float64 inputs)"))
-        registry.register_problem_builder(op, _problem_builder(op))
+        triton_rows = None
+    dispatch.register_family(OPS, [("triton", triton_rows)], _torch_launch,
+                             "torch composite ops in float32 (float64 for float64 inputs)", _problem_builder)
 
 
 def _problem_builder(op: str):
@@ -54,14 +49,7 @@ def _run(op: str, x: torch.Tensor, up: Optional[torch.Tensor], approximate: Opti
     call = prepare(op, x, up, approximate)
     if call.problem.numel == 0:
         return alloc.empty(x.shape, x.dtype, x.device)
-    choice = registry.select(op, call.problem, call.problem.device_type)
-    variant = choice.variant
-    if trace._active:
-        note = call.note
-        if choice.fallback_reason:
-            note = "; ".join(filter(None, [note, f"fallback: {choice.fallback_reason}"]))
-        return trace.run_traced(op, variant.backend, variant.name, x, note, variant.launch, call)
-    return variant.launch(call)
+    return dispatch.run(op, call, x)
 
 
 def _symbolic(*tensors: object):

@@ -9,8 +9,7 @@ from typing import Optional
 
 import torch
 
-from ...runtime import registry, trace
-from ...runtime.registry import Variant
+from ...runtime import dispatch
 from . import reference
 from .problem import OPS, NormCall, prepare
 
@@ -24,15 +23,11 @@ def _torch_launch(call: NormCall):
 def _register() -> None:
     try:
         from . import triton_kernels
+        triton_rows = triton_kernels.VARIANTS
     except ImportError:  # no triton on this machine (e.g. macOS): the torch and metal paths remain
-        triton_kernels = None
-    for op in OPS:
-        if triton_kernels is not None:
-            for name, supports, launch, summary in triton_kernels.VARIANTS:
-                registry.register(Variant(op, "triton", name, supports, launch, summary))
-        registry.register(Variant(op, "torch", "reference", lambda p: None, _torch_launch,
-                                  "torch composite ops, float32 accumulation (float64 for float64 inputs)"))
-        registry.register_problem_builder(op, _problem_builder(op))
+        triton_rows = None
+    dispatch.register_family(OPS, [("triton", triton_rows)], _torch_launch,
+                             "torch composite ops, float32 accumulation (float64 for float64 inputs)", _problem_builder)
 
 
 def _problem_builder(op: str):
@@ -55,14 +50,7 @@ def _run(op: str, x, residual, weight, bias, eps):
     if call.problem.rows == 0:
         empty = torch.empty(call.shape, dtype=x.dtype, device=x.device)
         return (empty, empty.clone()) if call.problem.has_residual else empty
-    choice = registry.select(op, call.problem, call.problem.device_type)
-    variant = choice.variant
-    if trace._active:
-        note = call.note
-        if choice.fallback_reason:
-            note = "; ".join(filter(None, [note, f"fallback: {choice.fallback_reason}"]))
-        return trace.run_traced(op, variant.backend, variant.name, x, note, variant.launch, call)
-    return variant.launch(call)
+    return dispatch.run(op, call, x)
 
 
 def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,

@@ -1,0 +1,44 @@
+"""What every op family does the same way: register its variants, and run one call.
+
+An op family hands over its own pieces (variant tables, the torch launch, a problem builder);
+this module knows no op.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from . import registry, trace
+from .registry import Variant
+
+VariantRow = tuple  # (name, supports, launch, summary), as each backend module lists them
+
+
+def register_family(ops: Sequence[str], backend_tables: Iterable[tuple[str, Optional[Sequence[VariantRow]]]],
+                    torch_launch: Callable[[Any], Any], torch_summary: str,
+                    problem_builder: Callable[[str], Callable[..., Any]]) -> None:
+    """Register, for every op of a family, each backend's variants (a table of None is skipped:
+    that backend is not importable here), then the torch reference, then the problem builder
+    that ``opforge.explain`` uses."""
+    tables = [(backend, rows) for backend, rows in backend_tables if rows is not None]
+    for op in ops:
+        for backend, rows in tables:
+            for name, supports, launch, summary in rows:
+                registry.register(Variant(op, backend, name, supports, launch, summary))
+        registry.register(Variant(op, "torch", "reference", lambda p: None, torch_launch, torch_summary))
+        registry.register_problem_builder(op, problem_builder(op))
+
+
+def run(op: str, call: Any, x: Any) -> Any:
+    """Select the variant for ``call.problem``, launch it, and record it in any active trace.
+
+    ``call`` has ``problem`` (with ``device_type``) and ``note`` (what was copied, if anything);
+    ``x`` is the tensor whose device, dtype and shape the trace shows.
+    """
+    choice = registry.select(op, call.problem, call.problem.device_type)
+    variant = choice.variant
+    if trace._active:
+        note = call.note
+        if choice.fallback_reason:
+            note = "; ".join(filter(None, [note, f"fallback: {choice.fallback_reason}"]))
+        return trace.run_traced(op, variant.backend, variant.name, x, note, variant.launch, call)
+    return variant.launch(call)
