@@ -55,7 +55,8 @@ def configs(n, itemsize):
             if 1 <= bn // (w * 32) <= 64:
                 out.append((f"row w{w}", "tile", (1, bn, w, 2)))
     if n >= 16384:
-        for chunk, w, st in ((8192, 16, 2), (8192, 32, 2), (16384, 16, 2), (16384, 32, 2)):
+        for chunk, w, st in ((8192, 16, 2), (16384, 16, 2), (16384, 32, 2), (32768, 16, 2), (32768, 32, 2),
+                             (32768, 32, 3)):
             if chunk <= n:
                 out.append((f"looped c{chunk} w{w} s{st}", "loop", (chunk, w, st)))
     return out
