@@ -1,15 +1,13 @@
 """Bad input, empty input, the fusion hook, trace, explain, strict mode and fallback for the activations."""
 import re
 import types
-import warnings
 
 import pytest
 import torch
 
 import opforge
 from opforge.ops.activation import geglu, gelu, reference, relu, silu, swiglu
-from opforge.runtime import backends, registry
-from opforge.testing import DEVICE, max_rel_error
+from opforge.testing import DEVICE
 
 BACKENDS = ["triton", "torch"]
 UNARY = {"gelu": gelu, "silu": silu, "relu": relu}
@@ -177,44 +175,6 @@ def test_float64_on_triton_backend_is_refused_clearly():
     x = torch.randn(4, 16, dtype=torch.float64, device=DEVICE)
     with opforge.backend("triton"), pytest.raises(opforge.NoKernelError, match="float64 runs on the torch path"):
         swiglu(x, x)
-
-
-@pytest.fixture
-def cpu_as_accelerator(monkeypatch):
-    """Pretend CPU tensors are on an accelerator whose native backend is triton (interpreter)."""
-    if not backends.triton_interpreting():
-        pytest.skip("needs TRITON_INTERPRET=1")
-    native = backends.native_accelerated_backends
-    monkeypatch.setattr(backends, "native_accelerated_backends",
-                        lambda d: ("triton",) if d == "cpu" else native(d))
-    registry.clear_cache()
-    yield
-    registry.clear_cache()
-
-
-def test_accelerator_runs_triton_by_default(cpu_as_accelerator):
-    with opforge.trace() as t:
-        silu(torch.randn(2, 64))
-    assert t[0].backend == "triton"
-
-
-def test_fallback_warns_once_and_is_traced(cpu_as_accelerator):
-    x = torch.randn(2, 64, dtype=torch.float64)
-    opforge.runtime.policy._warned.clear()
-    with pytest.warns(opforge.FallbackWarning, match="float64"), opforge.trace() as t:
-        y = gelu(x)
-    assert t[0].backend == "torch" and "fallback" in t[0].note
-    assert max_rel_error(y, torch.nn.functional.gelu(x)) < 1e-12
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        gelu(x)
-
-
-def test_strict_mode_raises_where_fallback_would_run(cpu_as_accelerator):
-    x = torch.randn(2, 64, dtype=torch.float64)
-    with opforge.strict(), pytest.raises(opforge.NoKernelError, match="float64") as info:
-        geglu(x, x)
-    assert info.value.op == "geglu"
 
 
 def test_verify_cases_quick_and_full():

@@ -1,6 +1,5 @@
 """Bad input, empty and 0-d input, trace, explain, strict mode and fallback for softmax / log_softmax."""
 import re
-import warnings
 
 import pytest
 import torch
@@ -8,7 +7,6 @@ import torch
 import opforge
 from opforge.ops.softmax import log_softmax, reference, softmax
 from opforge.ops.softmax.problem import FEW_ROWS
-from opforge.runtime import backends, registry
 from opforge.testing import DEVICE, max_rel_error
 
 BACKENDS = ["triton", "torch"]
@@ -125,45 +123,6 @@ def test_float64_on_triton_backend_is_refused_clearly():
     x = torch.randn(4, 16, dtype=torch.float64, device=DEVICE)
     with opforge.backend("triton"), pytest.raises(opforge.NoKernelError, match="float64 runs on the torch path"):
         softmax(x)
-
-
-@pytest.fixture
-def cpu_as_accelerator(monkeypatch):
-    """Pretend CPU tensors are on an accelerator whose native backend is triton (interpreter)."""
-    if not backends.triton_interpreting():
-        pytest.skip("needs TRITON_INTERPRET=1")
-    native = backends.native_accelerated_backends
-    monkeypatch.setattr(backends, "native_accelerated_backends",
-                        lambda d: ("triton",) if d == "cpu" else native(d))
-    registry.clear_cache()
-    yield
-    registry.clear_cache()
-
-
-def test_accelerator_runs_triton_by_default(cpu_as_accelerator):
-    with opforge.trace() as t:
-        softmax(torch.randn(2, 64))
-    assert t[0].backend == "triton"
-
-
-def test_fallback_warns_once_and_is_traced(cpu_as_accelerator):
-    x = torch.randn(2, 64, dtype=torch.float64)
-    opforge.runtime.policy._warned.clear()
-    with pytest.warns(opforge.FallbackWarning, match="float64"), opforge.trace() as t:
-        y = log_softmax(x)
-    assert t[0].backend == "torch" and "fallback" in t[0].note
-    assert max_rel_error(y, torch.log_softmax(x, -1)) < 1e-12
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        log_softmax(x)
-
-
-def test_strict_mode_raises_where_fallback_would_run(cpu_as_accelerator):
-    x = torch.randn(2, 64, dtype=torch.float64)
-    with opforge.strict(), pytest.raises(opforge.NoKernelError, match="float64") as info:
-        softmax(x)
-    assert info.value.op == "softmax"
-    assert "strict" in opforge.explain("softmax", x).note
 
 
 def test_row_counts_beyond_int32_are_refused_by_triton():
