@@ -30,7 +30,7 @@ from .problem import HALF_AND_SINGLE, NormCall, NormProblem
 MULTIROW_MAX_N = 1024
 TILE_BYTES = 4096                 # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
 ROW_MAX_N = {2: 32768, 4: 32768}  # per element size: widest row kept whole in registers
-LOOP_CHUNK = 16384
+LOOP_CHUNK = 32768
 
 
 @triton.jit
