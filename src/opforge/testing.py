@@ -58,6 +58,19 @@ def strided_rows(shape: Sequence[int], dtype: torch.dtype, device: Any) -> torch
     return big[..., ::2, :n]
 
 
+def random_layout(shape: Sequence[int], dtype: torch.dtype, device: Any, layout: str = "packed") -> torch.Tensor:
+    """Random data of ``shape`` in a layout: packed, strided (``strided_rows``), transposed (the last
+    two dims swapped in memory; packed below two dims) or sliced (every other element of the last dim).
+    """
+    if layout == "strided":
+        return strided_rows(shape, dtype, device)
+    if layout == "transposed" and len(shape) >= 2:
+        return torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
+    if layout == "sliced":
+        return torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype, device=device)[..., ::2]
+    return torch.randn(tuple(shape), dtype=dtype, device=device)
+
+
 @dataclass
 class Case:
     """One check: an op on fresh random inputs of a shape and dtype, and its float64 oracle."""
@@ -73,6 +86,16 @@ class Case:
     @property
     def label(self) -> str:
         return f"{'x'.join(map(str, self.shape))}{'' if self.layout == 'packed' else ' ' + self.layout}"
+
+
+#: The dtypes every op family's kernels take.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def every_shape_and_dtype(make_case: Callable[..., Case], op: str, shapes: Sequence[tuple],
+                          dtypes: Sequence[torch.dtype] = DTYPES) -> list[Case]:
+    """``make_case(op, shape, dtype)`` for each shape, and each dtype within it."""
+    return [make_case(op, shape, dtype) for shape in shapes for dtype in dtypes]
 
 
 #: Where tests and ``opforge verify`` run the kernels: the GPU if there is one, else the CPU

@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 import torch
 
-from ...testing import Case, strided_rows
+from ...testing import Case, every_shape_and_dtype, random_layout
 from . import geglu, gelu, reference, relu, silu, swiglu
 from .problem import GATED, OPS
 
@@ -16,15 +16,7 @@ def random_input(shape: tuple, dtype: torch.dtype, device: Any, layout: str = "p
                  scale: float = 2.0) -> torch.Tensor:
     """Random data (never zeros) of ``shape`` in a layout: packed, strided (rows), transposed, or sliced
     (every other element: the layout no kernel reads in place)."""
-    if layout == "strided":
-        x = strided_rows(shape, dtype, device)
-    elif layout == "transposed" and len(shape) >= 2:
-        x = torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
-    elif layout == "sliced":
-        x = torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype, device=device)[..., ::2]
-    else:
-        x = torch.randn(tuple(shape), dtype=dtype, device=device)
-    return x.mul_(scale)
+    return random_layout(shape, dtype, device, layout).mul_(scale)
 
 
 def oracle(op: str, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -63,9 +55,7 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
         shapes = shapes[1::2]
     cases = []
     for op in OPS:
-        for shape in shapes:
-            for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                cases.append(make_case(op, shape, dtype))
+        cases += every_shape_and_dtype(make_case, op, shapes)
         cases.append(make_case(op, strided, torch.bfloat16, layout="strided"))
         if op in ("gelu", "geglu"):
             cases.append(make_case(op, small, torch.float32, approximate="tanh"))

@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 import torch
 
-from ...testing import Case, strided_rows
+from ...testing import Case, every_shape_and_dtype, random_layout
 from . import add_layer_norm, add_rms_norm, layer_norm, rms_norm, reference
 from .problem import OPS
 
@@ -16,12 +16,7 @@ PUBLIC = {"layer_norm": layer_norm, "rms_norm": rms_norm, "add_layer_norm": add_
 def random_input(shape: tuple, dtype: torch.dtype, device: Any, layout: str = "packed",
                  offset: float = 0.0) -> torch.Tensor:
     """Fresh random data (never zeros) in the requested layout: packed, strided or transposed."""
-    if layout == "strided":
-        x = strided_rows(shape, dtype, device)
-    elif layout == "transposed":
-        x = torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
-    else:
-        x = torch.randn(*shape, dtype=dtype, device=device)
+    x = random_layout(shape, dtype, device, layout)
     return x.add_(offset) if offset else x
 
 
@@ -65,12 +60,9 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
         shapes = [(7, 1), (64, 77), (4096, 768), (256, 4096), (64, 16384), (8, 65536), (2, 131072)]
     if quick:
         shapes = shapes[1::2]
-    dtypes = (torch.float32, torch.float16, torch.bfloat16)
     cases = []
     for op in OPS:
-        for shape in shapes:
-            for dtype in dtypes:
-                cases.append(make_case(op, shape, dtype))
+        cases += every_shape_and_dtype(make_case, op, shapes)
         cases.append(make_case(op, shapes[1], torch.bfloat16, layout="strided", weight_dtype=torch.float32))
         cases.append(make_case(op, shapes[-1], torch.float32, offset=1e4))
     return cases

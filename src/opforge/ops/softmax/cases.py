@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from ...testing import Case, strided_rows
+from ...testing import Case, every_shape_and_dtype, random_layout
 from . import log_softmax, reference, softmax
 from .problem import OPS
 
@@ -19,13 +19,7 @@ def random_logits(shape: tuple, dtype: torch.dtype, device: Any, layout: str = "
     ``scale`` spreads them: 4 gives peaked rows, 1e4 gives rows whose exp would overflow without
     subtracting the maximum.
     """
-    if layout == "strided":
-        x = strided_rows(shape, dtype, device)
-    elif layout == "transposed":
-        x = torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
-    else:
-        x = torch.randn(*shape, dtype=dtype, device=device)
-    return x.mul_(scale)
+    return random_layout(shape, dtype, device, layout).mul_(scale)
 
 
 def oracle(op: str, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -56,12 +50,9 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
     strided, huge_logits = shapes[1], shapes[2]
     if quick:
         shapes = shapes[1::2]
-    dtypes = (torch.float32, torch.float16, torch.bfloat16)
     cases = []
     for op in OPS:
-        for shape in shapes:
-            for dtype in dtypes:
-                cases.append(make_case(op, shape, dtype))
+        cases += every_shape_and_dtype(make_case, op, shapes)
         cases.append(make_case(op, strided, torch.bfloat16, layout="strided"))
         cases.append(make_case(op, huge_logits, torch.float32, scale=1e4))
         cases.append(make_case(op, (8, 33), torch.float16, dim=0))
