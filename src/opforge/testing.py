@@ -98,6 +98,21 @@ def every_shape_and_dtype(make_case: Callable[..., Case], op: str, shapes: Seque
     return [make_case(op, shape, dtype) for shape in shapes for dtype in dtypes]
 
 
+def shapes_and_layouts(max_n: int):
+    """A hypothesis strategy of ``(shape, layout)`` for the row-wise ops: zero to two leading dims
+    of 1..3, a last dim of 1..``max_n``, and a layout of packed, strided or transposed (packed
+    where there is one dim only). Needs hypothesis (the ``test`` extra)."""
+    from hypothesis import strategies as st
+
+    def shape_and_layout(drawn):
+        lead, n, layout = drawn
+        shape = tuple(lead) + (n,)
+        return shape, "packed" if layout == "transposed" and len(shape) < 2 else layout
+
+    return st.tuples(st.lists(st.integers(1, 3), min_size=0, max_size=2), st.integers(1, max_n),
+                     st.sampled_from(["packed", "strided", "transposed"])).map(shape_and_layout)
+
+
 #: Where tests and ``opforge verify`` run the kernels: the GPU if there is one, else the CPU
 #: (Triton then runs in its interpreter).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -15,7 +15,7 @@ import opforge
 from opforge.ops.norm import metal as norm_metal
 from opforge.ops.norm import reference
 from opforge.ops.norm.problem import OPS
-from opforge.testing import max_rel_error
+from opforge.testing import max_rel_error, shapes_and_layouts
 
 from metal_checks import DTYPES, ROWS, SIZES, VARIANTS, expected_variant, run
 
@@ -199,17 +199,9 @@ def test_kernels_without_bfloat_before_metal_3_1():
 
 
 @settings(max_examples=25)
-@given(
-    op=st.sampled_from(OPS),
-    lead=st.lists(st.integers(1, 3), min_size=0, max_size=2),
-    n=st.integers(1, 5000),
-    dtype=st.sampled_from(DTYPES),
-    layout=st.sampled_from(["packed", "strided", "transposed"]),
-    affine=st.booleans(),
-)
-def test_random_shapes_strides_dtypes(op, lead, n, dtype, layout, affine):
-    shape = tuple(lead) + (n,)
-    if layout == "transposed" and len(shape) < 2:
-        layout = "packed"
+@given(op=st.sampled_from(OPS), shape_layout=shapes_and_layouts(5000), dtype=st.sampled_from(DTYPES),
+       affine=st.booleans())
+def test_random_shapes_strides_dtypes(op, shape_layout, dtype, affine):
+    shape, layout = shape_layout
     event = run(op, shape, dtype, layout=layout, affine=affine)
-    assert event.variant == expected_variant(n)
+    assert event.variant == expected_variant(shape[-1])

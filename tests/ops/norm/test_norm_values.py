@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 import opforge
 from opforge.ops.norm import cases, triton_kernels
 from opforge.ops.norm.problem import OPS
-from opforge.testing import TOLERANCE, max_rel_error
+from opforge.testing import TOLERANCE, max_rel_error, shapes_and_layouts
 
 from opforge.testing import DEVICE, ON_GPU
 
@@ -129,18 +129,10 @@ def test_stride_views_of_3d_tensor_without_copy():
         assert max_rel_error(y, opforge.ops.norm.reference.layer_norm(x.double())) < 1e-5
 
 
-@given(
-    op=st.sampled_from(OPS),
-    lead=st.lists(st.integers(1, 3), min_size=0, max_size=2),
-    n=st.integers(1, 2100),
-    dtype=st.sampled_from(DTYPES),
-    layout=st.sampled_from(["packed", "strided", "transposed"]),
-    affine=st.booleans(),
-)
-def test_random_shapes_strides_dtypes(op, lead, n, dtype, layout, affine):
-    shape = tuple(lead) + (n,)
-    if layout == "transposed" and len(shape) < 2:
-        layout = "packed"
+@given(op=st.sampled_from(OPS), shape_layout=shapes_and_layouts(2100), dtype=st.sampled_from(DTYPES),
+       affine=st.booleans())
+def test_random_shapes_strides_dtypes(op, shape_layout, dtype, affine):
+    shape, layout = shape_layout
     check(cases.make_case(op, shape, dtype, layout=layout, affine=affine), "triton")
 
 

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 import opforge
 from opforge.ops.softmax import cases, log_softmax, reference, softmax, triton_kernels as tk
 from opforge.ops.softmax.problem import FEW_ROWS, OPS, prepare
-from opforge.testing import DEVICE, ON_GPU, TOLERANCE, max_rel_error
+from opforge.testing import DEVICE, ON_GPU, TOLERANCE, max_rel_error, shapes_and_layouts
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PUBLIC = {"softmax": softmax, "log_softmax": log_softmax}
@@ -233,19 +233,10 @@ def test_three_level_strides_are_copied_and_traced():
     assert max_rel_error(y, reference.softmax(x.double())) < 1e-5
 
 
-@given(
-    op=st.sampled_from(OPS),
-    lead=st.lists(st.integers(1, 3), min_size=0, max_size=2),
-    n=st.integers(1, 2100),
-    dtype=st.sampled_from(DTYPES),
-    layout=st.sampled_from(["packed", "strided", "transposed"]),
-    use_dim=st.booleans(),
-    scale=st.sampled_from([1.0, 30.0]),
-)
-def test_random_shapes_strides_dtypes(op, lead, n, dtype, layout, use_dim, scale):
-    shape = tuple(lead) + (n,)
-    if layout == "transposed" and len(shape) < 2:
-        layout = "packed"
+@given(op=st.sampled_from(OPS), shape_layout=shapes_and_layouts(2100), dtype=st.sampled_from(DTYPES),
+       use_dim=st.booleans(), scale=st.sampled_from([1.0, 30.0]))
+def test_random_shapes_strides_dtypes(op, shape_layout, dtype, use_dim, scale):
+    shape, layout = shape_layout
     dim = 0 if use_dim and len(shape) > 1 else -1
     check(cases.make_case(op, shape, dtype, layout=layout, dim=dim, scale=scale))
 
