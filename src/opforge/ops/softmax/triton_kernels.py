@@ -39,9 +39,10 @@ from .problem import HALF_AND_SINGLE, MAX_ROWS, SoftmaxCall, SoftmaxProblem
 MULTIROW_MAX_N = 1024
 TILE_BYTES = 4096                     # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
 ROW_MAX_N = {2: 32768, 4: 32768}      # per element size: widest row kept whole in registers
-LOOP_CHUNK = {2: 16384, 4: 8192}      # elements per step of the looped walk (32 KiB)
-LOOP_CTAS_PER_SM = 1                  # persistent grid of the looped variant: programs per SM (its
-                                      # rows then fit L2 between the two walks)
+LOOP_CHUNK_BYTES = (16384, 32768)    # bytes per step of the looped walk: rows up to 64K elements, wider
+                                      # (H100 sweep, bf16: 85% at 1024x65536, 88% at 4096x131072)
+LOOP_CTAS_PER_SM = 64                 # looped grid: up to this many programs per SM, so in practice one
+                                      # program per row (the sweep beat a persistent 1-per-SM grid)
 SPLIT_CHUNK = 2048                    # elements per step of a split segment
 SPLIT_PROGRAMS_PER_SM = 4             # how many segment programs the split variant aims for
 MAX_SPLITS = 1024
@@ -249,9 +250,10 @@ def row_config(n: int) -> tuple[int, int, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def looped_config(elem_size: int) -> tuple[int, int]:
-    """(CHUNK, num_warps) for the looped variant: 16 warps, 32 KiB per step."""
-    return LOOP_CHUNK[elem_size], 16
+def looped_config(elem_size: int, n: int) -> tuple[int, int]:
+    """(CHUNK, num_warps) for the looped variant: 16 KiB steps for rows up to 65536 elements,
+    32 KiB beyond; one warp per 1024 elements of a step (capped at 16 below)."""
+    return LOOP_CHUNK_BYTES[n > 65536] // elem_size, 16
 
 
 def split_config(rows: int, n: int, sms: int, chunk: int = SPLIT_CHUNK) -> tuple[int, int]:
@@ -323,7 +325,7 @@ def launch_looped(call: SoftmaxCall, chunk: Optional[int] = None, num_warps: Opt
     p = call.problem
     x, inner, so, si = _x_args(call)
     y = alloc.empty_packed_like(x)
-    default_chunk, default_warps = looped_config(x.element_size())
+    default_chunk, default_warps = looped_config(x.element_size(), p.n)
     chunk = chunk or min(default_chunk, max(16, next_power_of_2(p.n)))
     num_warps = num_warps or min(default_warps, max(1, chunk // 1024))
     r, c = tile_shape(chunk, num_warps, x.element_size(), cols)
