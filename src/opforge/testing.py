@@ -117,3 +117,24 @@ def shapes_and_layouts(max_n: int):
 #: (Triton then runs in its interpreter).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"
+
+
+def run_case(case: Case, backend: str, device: Any = DEVICE) -> tuple:
+    """Run ``case`` once on fresh data with ``backend`` forced: ``(args, out, float64 reference, trace)``."""
+    from .runtime.policy import backend as force_backend
+    from .runtime.trace import trace
+
+    args, kwargs = case.make(device)
+    with force_backend(backend), trace() as t:
+        out = case.call(*args, **kwargs)
+    return args, out, case.oracle(args, kwargs), t
+
+
+def check_case(case: Case, backend: str, tol_scale: float = 1.0, device: Any = DEVICE) -> tuple:
+    """Run ``case`` and assert it is within ``TOLERANCE`` (times ``tol_scale``) of its oracle and ran as
+    one traced call of ``op`` on ``backend``: ``(trace event, args, out)``."""
+    args, out, ref, t = run_case(case, backend, device)
+    err = max_rel_error(out, ref)
+    assert err <= TOLERANCE[case.dtype] * tol_scale, f"{case.op} {case.label} {case.dtype}: rel err {err:.3e}"
+    assert len(t) == 1 and t[0].backend == backend and t[0].op == case.op
+    return t[0], args, out

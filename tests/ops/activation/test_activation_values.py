@@ -7,16 +7,13 @@ from hypothesis import given, strategies as st
 import opforge
 from opforge.ops.activation import cases, reference, triton_kernels as tk
 from opforge.ops.activation.problem import GATED, OPS, prepare
-from opforge.testing import DEVICE, ON_GPU, TOLERANCE, max_rel_error
+from opforge.testing import DEVICE, ON_GPU, TOLERANCE, max_rel_error, run_case
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check(case, backend: str = "triton"):
-    args, kwargs = case.make(DEVICE)
-    with opforge.backend(backend), opforge.trace() as t:
-        out = case.call(*args, **kwargs)
-    ref = case.oracle(args, kwargs)
+    args, out, ref, t = run_case(case, backend)
     err = max_rel_error(out, ref)
     tol = TOLERANCE[case.dtype]
     if err > tol and out.numel() < 64:

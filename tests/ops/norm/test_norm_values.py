@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 import opforge
 from opforge.ops.norm import cases, triton_kernels
 from opforge.ops.norm.problem import OPS
-from opforge.testing import TOLERANCE, max_rel_error, shapes_and_layouts
+from opforge.testing import check_case, max_rel_error, run_case, shapes_and_layouts
 
 from opforge.testing import DEVICE, ON_GPU
 
@@ -22,19 +22,8 @@ def expected_variant(n: int, dtype: torch.dtype) -> str:
     return "row" if n <= ROW_LIMIT[dtype] else "looped"
 
 
-def run_case(case, backend: str):
-    args, kwargs = case.make(DEVICE)
-    with opforge.backend(backend), opforge.trace() as t:
-        out = case.call(*args, **kwargs)
-    return out, case.oracle(args, kwargs), t
-
-
 def check(case, backend: str, tol_scale: float = 1.0):
-    out, ref, t = run_case(case, backend)
-    err = max_rel_error(out, ref)
-    assert err <= TOLERANCE[case.dtype] * tol_scale, f"{case.op} {case.label} {case.dtype}: rel err {err:.3e}"
-    assert len(t) == 1 and t[0].backend == backend and t[0].op == case.op
-    return t[0]
+    return check_case(case, backend, tol_scale)[0]
 
 
 # Edge shapes: N=1, N=3, N off the block size, each variant's boundary on both sides, one row, many rows.
@@ -69,7 +58,7 @@ def test_torch_path(op, dtype):
 
 @pytest.mark.parametrize("op", OPS)
 def test_float64_runs_on_torch_path_exactly(op):
-    out, ref, t = run_case(cases.make_case(op, (3, 50), torch.float64), "torch")
+    _, out, ref, t = run_case(cases.make_case(op, (3, 50), torch.float64), "torch")
     assert max_rel_error(out, ref) < 1e-12
     assert t[0].dtype == "float64" and t[0].backend == "torch"
 
@@ -93,7 +82,7 @@ def test_float32_weights_with_half_x(op, dtype):
 def test_large_mean_small_spread_has_no_cancellation(op, offset, n, backend):
     # E[x^2] - E[x]^2 would lose every digit here; a rounded mean alone would cost ~offset * 2^-24.
     case = cases.make_case(op, (2, n), torch.float32, offset=offset)
-    out, ref, _ = run_case(case, backend)
+    _, out, ref, _ = run_case(case, backend)
     assert max_rel_error(out, ref) < 1e-6
 
 

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 import opforge
 from opforge.ops.softmax import cases, log_softmax, reference, softmax, triton_kernels as tk
 from opforge.ops.softmax.problem import FEW_ROWS, OPS, prepare
-from opforge.testing import DEVICE, ON_GPU, TOLERANCE, max_rel_error, shapes_and_layouts
+from opforge.testing import DEVICE, ON_GPU, TOLERANCE, check_case, max_rel_error, shapes_and_layouts
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PUBLIC = {"softmax": softmax, "log_softmax": log_softmax}
@@ -27,14 +27,9 @@ def expected_variant(rows: int, n: int, dtype: torch.dtype) -> str:
 
 
 def check(case, backend: str = "triton"):
-    args, kwargs = case.make(DEVICE)
-    with opforge.backend(backend), opforge.trace() as t:
-        out = case.call(*args, **kwargs)
-    err = max_rel_error(out, case.oracle(args, kwargs))
-    assert err <= TOLERANCE[case.dtype], f"{case.op} {case.label} {case.dtype}: rel err {err:.3e}"
+    event, args, out = check_case(case, backend)
     assert out.shape == args[0].shape and out.dtype == args[0].dtype
-    assert len(t) == 1 and t[0].backend == backend and t[0].op == case.op
-    return t[0]
+    return event
 
 
 def assert_like_reference(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
