@@ -124,3 +124,18 @@ def require_cuda(ctx: BuildContext, what: str) -> None:
     """
     if ctx.device.type != "cuda":
         raise Absent(f"{what} runs on CUDA only (device is {ctx.device.type})")
+
+
+def liger_function(ctx: BuildContext, cls_name: str) -> Any:
+    """Liger-Kernel's ``liger_kernel.ops.<cls_name>``; :class:`Absent` off CUDA, without the
+    package, or where the package has no such class.
+
+    Example:
+        >>> # fn = liger_function(ctx, "LigerSoftmaxFunction"); y = fn.apply(x)
+    """
+    require_cuda(ctx, "Liger-Kernel")
+    ops = import_optional("liger_kernel.ops", "liger-kernel")
+    fn = getattr(ops, cls_name, None)
+    if fn is None:
+        raise Absent(f"liger_kernel.ops has no {cls_name}")
+    return fn

@@ -24,13 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from opforge.bench.impls import (
-    compiled_impl,
-    eager_impl,
-    import_optional,
-    opforge_impl,
-    require_cuda,
-)
+from opforge.bench.impls import compiled_impl, eager_impl, liger_function, opforge_impl
 from opforge.bench.spec import (
     COMPILE,
     LIGER,
@@ -137,31 +131,22 @@ def torch_add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> Out
 # -- Liger-Kernel (optional) --------------------------------------------------------
 
 
-def _liger_function(ctx: BuildContext, cls_name: str) -> Any:
-    require_cuda(ctx, "Liger-Kernel")
-    ops = import_optional("liger_kernel.ops", "liger-kernel")
-    fn = getattr(ops, cls_name, None)
-    if fn is None:
-        raise Absent(f"liger_kernel.ops has no {cls_name}")
-    return fn
-
-
 def liger_layer_norm(ctx: BuildContext) -> Callable[..., Any]:
     """Liger-Kernel factory (absent off CUDA or without the package). Example: ``fn = liger_layer_norm(ctx)``."""
-    fn = _liger_function(ctx, "LigerLayerNormFunction")
+    fn = liger_function(ctx, "LigerLayerNormFunction")
     return lambda x, w, b: fn.apply(x, w, b, LN_EPS)
 
 
 def liger_rms_norm(ctx: BuildContext) -> Callable[..., Any]:
     """Liger-Kernel factory. Example: ``fn = liger_rms_norm(ctx); y = fn(x, w)``."""
     # offset 0, "llama" casting (Liger's default), in_place only concerns backward.
-    fn = _liger_function(ctx, "LigerRMSNormFunction")
+    fn = liger_function(ctx, "LigerRMSNormFunction")
     return lambda x, w: fn.apply(x, w, RMS_EPS, 0.0, "llama", False)
 
 
 def liger_add_rms_norm(ctx: BuildContext) -> Callable[..., Any]:
     """Liger-Kernel's fused add + RMS norm. Example: ``y, s = liger_add_rms_norm(ctx)(x, r, w)``."""
-    fn = _liger_function(ctx, "LigerFusedAddRMSNormFunction")
+    fn = liger_function(ctx, "LigerFusedAddRMSNormFunction")
     return lambda x, r, w: fn.apply(x, r, w, RMS_EPS, 0.0, "llama", False)
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from opforge.bench.impls import compiled_impl, eager_impl, import_optional, opforge_impl, require_cuda
+from opforge.bench.impls import compiled_impl, eager_impl, liger_function, opforge_impl
 from opforge.bench.spec import (
     COMPILE,
     LIGER,
@@ -148,22 +148,13 @@ def torch_geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 # -- Liger-Kernel (optional) ------------------------------------------------------------------------------
 
 
-def _liger(ctx: BuildContext, cls_name: str) -> Any:
-    require_cuda(ctx, "Liger-Kernel")
-    ops = import_optional("liger_kernel.ops", "liger-kernel")
-    fn = getattr(ops, cls_name, None)
-    if fn is None:
-        raise Absent(f"liger_kernel.ops has no {cls_name}")
-    return fn
-
-
 def liger_softmax(ctx: BuildContext) -> Callable[..., Any]:
-    fn = _liger(ctx, "LigerSoftmaxFunction")
+    fn = liger_function(ctx, "LigerSoftmaxFunction")
     return lambda x: fn.apply(x)
 
 
 def liger_swiglu(ctx: BuildContext) -> Callable[..., Any]:
-    fn = _liger(ctx, "LigerSiLUMulFunction")
+    fn = liger_function(ctx, "LigerSiLUMulFunction")
     return lambda gate, up: fn.apply(gate, up)
 
 
