@@ -92,10 +92,14 @@ class Case:
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def every_shape_and_dtype(make_case: Callable[..., Case], op: str, shapes: Sequence[tuple],
-                          dtypes: Sequence[torch.dtype] = DTYPES) -> list[Case]:
-    """``make_case(op, shape, dtype)`` for each shape, and each dtype within it."""
-    return [make_case(op, shape, dtype) for shape in shapes for dtype in dtypes]
+def verify_grid(make_case: Callable[..., Case], ops: Sequence[str], shapes: Sequence[tuple], quick: bool,
+                extras: Callable[[str, Sequence[tuple]], list[Case]]) -> list[Case]:
+    """A family's ``verify_cases``: per op, ``make_case(op, shape, dtype)`` for each shape and each
+    of ``DTYPES``, then the op's ``extras(op, shapes)``. ``quick`` keeps every other shape."""
+    if quick:
+        shapes = shapes[1::2]
+    return [case for op in ops
+            for case in [make_case(op, shape, dtype) for shape in shapes for dtype in DTYPES] + extras(op, shapes)]
 
 
 def shapes_and_layouts(max_n: int):

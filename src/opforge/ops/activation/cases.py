@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 import torch
 
-from ...testing import Case, every_shape_and_dtype, random_layout
+from ...testing import Case, random_layout, verify_grid
 from . import geglu, gelu, reference, relu, silu, swiglu
 from .problem import GATED, OPS
 
@@ -51,12 +51,9 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
     else:
         shapes = [(7,), (64, 77), (4096, 4096), (1024, 11008), (3, 1000003)]
     strided, small = shapes[2], shapes[1]
-    if quick:
-        shapes = shapes[1::2]
-    cases = []
-    for op in OPS:
-        cases += every_shape_and_dtype(make_case, op, shapes)
-        cases.append(make_case(op, strided, torch.bfloat16, layout="strided"))
-        if op in ("gelu", "geglu"):
-            cases.append(make_case(op, small, torch.float32, approximate="tanh"))
-    return cases
+
+    def extras(op: str, _shapes: list) -> list[Case]:
+        tanh = [make_case(op, small, torch.float32, approximate="tanh")] if op in ("gelu", "geglu") else []
+        return [make_case(op, strided, torch.bfloat16, layout="strided")] + tanh
+
+    return verify_grid(make_case, OPS, shapes, quick, extras)

@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 import torch
 
-from ...testing import Case, every_shape_and_dtype, random_layout
+from ...testing import Case, random_layout, verify_grid
 from . import add_layer_norm, add_rms_norm, layer_norm, rms_norm, reference
 from .problem import OPS
 
@@ -58,11 +58,9 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
         shapes = [(3, 1), (2, 3, 77), (4, 1024), (2, 1500), (1, 20000)]
     else:
         shapes = [(7, 1), (64, 77), (4096, 768), (256, 4096), (64, 16384), (8, 65536), (2, 131072)]
-    if quick:
-        shapes = shapes[1::2]
-    cases = []
-    for op in OPS:
-        cases += every_shape_and_dtype(make_case, op, shapes)
-        cases.append(make_case(op, shapes[1], torch.bfloat16, layout="strided", weight_dtype=torch.float32))
-        cases.append(make_case(op, shapes[-1], torch.float32, offset=1e4))
-    return cases
+
+    def extras(op: str, shapes: list) -> list[Case]:
+        return [make_case(op, shapes[1], torch.bfloat16, layout="strided", weight_dtype=torch.float32),
+                make_case(op, shapes[-1], torch.float32, offset=1e4)]
+
+    return verify_grid(make_case, OPS, shapes, quick, extras)

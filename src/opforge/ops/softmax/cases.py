@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from ...testing import Case, every_shape_and_dtype, random_layout
+from ...testing import Case, random_layout, verify_grid
 from . import log_softmax, reference, softmax
 from .problem import OPS
 
@@ -48,12 +48,10 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
         shapes = [(7, 1), (64, 77), (262144, 128), (4096, 1024), (256, 4096), (64, 32768), (512, 65536),
                   (2, 262144), (1, 1048576)]
     strided, huge_logits = shapes[1], shapes[2]
-    if quick:
-        shapes = shapes[1::2]
-    cases = []
-    for op in OPS:
-        cases += every_shape_and_dtype(make_case, op, shapes)
-        cases.append(make_case(op, strided, torch.bfloat16, layout="strided"))
-        cases.append(make_case(op, huge_logits, torch.float32, scale=1e4))
-        cases.append(make_case(op, (8, 33), torch.float16, dim=0))
-    return cases
+
+    def extras(op: str, _shapes: list) -> list[Case]:
+        return [make_case(op, strided, torch.bfloat16, layout="strided"),
+                make_case(op, huge_logits, torch.float32, scale=1e4),
+                make_case(op, (8, 33), torch.float16, dim=0)]
+
+    return verify_grid(make_case, OPS, shapes, quick, extras)
