@@ -5,12 +5,21 @@ this module knows no op.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from . import registry, trace
 from .registry import Variant
 
 VariantRow = tuple  # (name, supports, launch, summary), as each backend module lists them
+
+
+def optional_variants(package: str, module: str) -> Optional[Sequence[VariantRow]]:
+    """``package.module.VARIANTS``, or None where that backend cannot be imported (no triton on macOS)."""
+    try:
+        return importlib.import_module(f"{package}.{module}").VARIANTS
+    except ImportError:
+        return None
 
 
 def register_family(ops: Sequence[str], backend_tables: Iterable[tuple[str, Optional[Sequence[VariantRow]]]],

@@ -17,11 +17,7 @@ def _torch_launch(call: SoftmaxCall) -> torch.Tensor:
 
 
 def _register() -> None:
-    try:
-        from . import triton_kernels
-        triton_rows = triton_kernels.VARIANTS
-    except ImportError:  # no triton on this machine (e.g. macOS): the torch and metal paths remain
-        triton_rows = None
+    triton_rows = dispatch.optional_variants(__name__, "triton_kernels")  # None without triton (macOS)
     dispatch.register_family(OPS, [("triton", triton_rows)], _torch_launch,
                              "torch composite ops, float32 accumulation (float64 for float64 inputs)", _problem_builder)
 
