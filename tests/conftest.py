@@ -1,8 +1,10 @@
 """Test set-up: with no GPU, Triton kernels run in Triton's CPU interpreter.
 
 TRITON_INTERPRET must be set before any @triton.jit kernel is created, so before opforge's op
-families are imported. Every opforge output is NaN-poisoned before its kernel runs.
+families are imported. Every opforge output is NaN-poisoned before its kernel runs. At the end,
+the run prints which backends and variants the tests' own ``opforge.trace()`` blocks saw run.
 """
+import collections
 import os
 
 import torch
@@ -14,6 +16,7 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from opforge.runtime import alloc  # noqa: E402
+from opforge.runtime import trace as _trace  # noqa: E402
 
 from opforge.testing import DEVICE  # noqa: E402
 
@@ -30,3 +33,26 @@ def _poison_outputs():
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+_traced: collections.Counter = collections.Counter()
+_trace_exit = _trace.Trace.__exit__
+
+
+def _tallying_exit(self, *exc):
+    """Count what each test's trace recorded; the code path under test is unchanged."""
+    _trace_exit(self, *exc)
+    for event in self.events:
+        _traced[(event.backend, event.device.split(":")[0], event.variant)] += 1
+
+
+_trace.Trace.__exit__ = _tallying_exit
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the proof of what ran: traced calls per backend, device and variant."""
+    if not _traced:
+        return
+    terminalreporter.section("opforge kernels traced by the tests")
+    for (backend, device, variant), count in sorted(_traced.items()):
+        terminalreporter.write_line(f"backend {backend:7s} on {device:4s}  {variant:28s} {count:6d} calls")
