@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv from nothing, then runs the whole suite. With no GPU the
-# Triton kernels run in Triton's interpreter and the Metal kernels in the MSL emulator.
+# The test command: sets up .venv from nothing, then runs the whole suite, then every docstring
+# example. With no GPU the Triton kernels run in Triton's interpreter and the Metal kernels in
+# the MSL emulator.
 source "$(dirname "$0")/env.sh"
-exec python -m pytest -q -rs "$@"
+python -m pytest -q -rs "$@"
+python -m pytest -q -p no:cacheprovider --doctest-modules src/opforge
