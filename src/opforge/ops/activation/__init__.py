@@ -159,5 +159,6 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> to
 
 
 _register()
+from . import metal as _metal  # noqa: E402,F401  registers the metal variants (activation.metal)
 
 __all__ = ["gelu", "silu", "relu", "swiglu", "geglu"]

@@ -80,5 +80,6 @@ def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 _register()
+from . import metal as _metal  # noqa: E402,F401  registers the metal variants (softmax.metal)
 
 __all__ = ["softmax", "log_softmax"]

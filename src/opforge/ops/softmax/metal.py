@@ -1,0 +1,151 @@
+"""Metal kernels for softmax and log_softmax: launch wrappers and the ``metal`` variants.
+
+The kernels are in ``softmax.metal`` next to this file. Three variants, chosen by the row
+length N (the names of the Triton variants, so traces read alike):
+
+* ``multirow`` (N <= 256): one simdgroup per row, eight rows per threadgroup, the row in
+  registers; reductions are ``simd_max`` / ``simd_sum`` only, with no threadgroup memory.
+* ``row`` (N <= 4096): one threadgroup per row, four elements per thread in registers;
+  ``simd_max`` / ``simd_sum`` then threadgroup memory across simdgroups.
+* ``looped`` (any N): one threadgroup per row; an online maximum and rescaled sum per thread
+  in a first sweep, merged across the threadgroup, then a writing sweep.
+
+On MPS tensors the kernels run through ``torch.mps.compile_shader``; on CPU tensors, with
+``OPFORGE_METAL_EMULATE=1``, through the MSL emulator of the tests (see
+``opforge.runtime.metal``). Kernels bind tensors with no dtype or layout check, so the
+launcher checks the tensor it binds. Importing this module registers the variants.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ...runtime import alloc, registry
+from ...runtime import metal as metal_runtime
+from ...runtime.registry import Variant
+from .problem import HALF_AND_SINGLE, OPS, SoftmaxCall, SoftmaxProblem
+
+SOURCE = Path(__file__).with_name("softmax.metal")
+SIMD_WIDTH = 32
+MULTIROW_MAX_N = 8 * SIMD_WIDTH      # kSimdReads * 32 in softmax.metal
+MULTIROW_ROWS_PER_GROUP = 8
+ROW_READS = 4                        # kRowReads in softmax.metal
+MAX_GROUP = 1024
+ROW_MAX_N = ROW_READS * MAX_GROUP
+MAX_THREADS_PER_LAUNCH = 1 << 30     # grids stay well inside 32-bit thread positions
+
+TYPE_NAMES = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+
+
+def _round_up(v: int, m: int) -> int:
+    return (v + m - 1) // m * m
+
+
+def kernel_name(op: str, variant: str, dtype: torch.dtype) -> str:
+    """The MSL function for (op, variant, dtype), e.g. ``log_softmax_row_half``."""
+    return f"{op}_{variant}_{TYPE_NAMES[dtype]}"
+
+
+def group_config(variant: str, n: int, rows: int, max_threads: int = MAX_GROUP) -> tuple[int, int]:
+    """(threads per threadgroup, rows per threadgroup) for a variant at row length ``n``."""
+    if variant == "multirow":
+        per_group = max(1, min(MULTIROW_ROWS_PER_GROUP, rows, max_threads // SIMD_WIDTH))
+        return SIMD_WIDTH * per_group, per_group
+    want = max(SIMD_WIDTH, _round_up(-(-n // ROW_READS), SIMD_WIDTH))
+    if variant == "row":
+        if want > max_threads:
+            raise RuntimeError(f"metal.row needs {want} threads per threadgroup for N={n}, "
+                               f"but this pipeline allows {max_threads}")
+        return want, 1
+    return min(want, MAX_GROUP, max_threads // SIMD_WIDTH * SIMD_WIDTH), 1
+
+
+def _checked(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Kernels bind raw storage: refuse a tensor whose dtype or last stride is wrong."""
+    if t.dtype != dtype or (t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1):
+        raise RuntimeError(f"metal launcher: x must be {dtype} with a contiguous last dimension, "
+                           f"got {t.dtype} with strides {t.stride()}")
+    return t
+
+
+def _launch(call: SoftmaxCall, variant: str) -> torch.Tensor:
+    p = call.problem
+    rows = call.x
+    x = _checked(rows.tensor, p.dtype)
+    device = x.device
+    y = alloc.empty(call.shape, p.dtype, device)
+    fn = metal_runtime.kernel(SOURCE, kernel_name(p.op, variant, p.dtype), device.type)
+    max_threads = metal_runtime.max_threads_per_threadgroup(fn, MAX_GROUP)
+    group, rows_per_group = group_config(variant, p.n, p.rows, max_threads)
+    rows_per_launch = max(1, MAX_THREADS_PER_LAUNCH // group) * rows_per_group
+    for base in range(0, p.rows, rows_per_launch):
+        groups = -(-min(rows_per_launch, p.rows - base) // rows_per_group)
+        fn(x, y, p.rows, p.n, rows.inner, rows.stride_outer, rows.stride_inner, base,
+           threads=groups * group, group_size=group)
+    return call.finish(y)
+
+
+def launch_multirow(call: SoftmaxCall) -> torch.Tensor:
+    return _launch(call, "multirow")
+
+
+def launch_row(call: SoftmaxCall) -> torch.Tensor:
+    return _launch(call, "row")
+
+
+def launch_looped(call: SoftmaxCall) -> torch.Tensor:
+    return _launch(call, "looped")
+
+
+def _dtype_reason(p: SoftmaxProblem) -> Optional[str]:
+    if p.dtype not in HALF_AND_SINGLE:
+        return (f"x is {str(p.dtype).replace('torch.', '')}; metal kernels take float32, float16 or "
+                "bfloat16 (float64 runs on the torch path)")
+    if p.dtype == torch.bfloat16 and p.device_type == "mps" and not _has_bfloat_kernels():
+        return "this Mac's Metal has no bfloat (needs Metal 3.1: macOS 14 or later)"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _has_bfloat_kernels() -> bool:
+    """Whether this Mac's Metal compiled the bfloat kernels (``__METAL_VERSION__ >= 310``)."""
+    try:
+        metal_runtime.kernel(SOURCE, kernel_name("softmax", "looped", torch.bfloat16), "mps")
+    except RuntimeError:
+        return False
+    return True
+
+
+def supports_multirow(p: SoftmaxProblem) -> Optional[str]:
+    return _dtype_reason(p) or (None if p.n <= MULTIROW_MAX_N else f"N={p.n} > {MULTIROW_MAX_N}")
+
+
+def supports_row(p: SoftmaxProblem) -> Optional[str]:
+    return _dtype_reason(p) or (None if p.n <= ROW_MAX_N else
+                                f"N={p.n} > {ROW_MAX_N}: {ROW_READS} elements per thread x {MAX_GROUP} threads")
+
+
+def supports_looped(p: SoftmaxProblem) -> Optional[str]:
+    return _dtype_reason(p)
+
+
+VARIANTS = (
+    ("multirow", supports_multirow, launch_multirow, "one simdgroup per row, several rows per threadgroup"),
+    ("row", supports_row, launch_row, "one threadgroup per row, held in registers"),
+    ("looped", supports_looped, launch_looped, "one threadgroup per row, online max and sum (any N)"),
+)
+
+
+def register() -> None:
+    """Register the metal variants of softmax and log_softmax (idempotent)."""
+    for op in OPS:
+        if any(v.backend == "metal" for v in registry.variants(op)):
+            continue
+        for name, supports, launch, summary in VARIANTS:
+            registry.register(Variant(op, "metal", name, supports, launch, summary))
+
+
+register()
