@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import opforge
+from opforge.runtime import metal as metal_runtime
 from opforge.ops.norm import metal as norm_metal
 from opforge.ops.norm.problem import OPS
 from opforge.runtime import registry
@@ -25,7 +26,8 @@ def real_metal(monkeypatch):
 
 
 def _bfloat_ok() -> bool:
-    return norm_metal._has_bfloat_kernels()
+    return metal_runtime.bfloat_reason(torch.bfloat16, "mps", norm_metal.SOURCE, norm_metal.kernel_name(
+        "layer_norm", "looped", torch.bfloat16, torch.bfloat16)) is None
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -6,7 +6,8 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT_DTYPES = HALF_AND_SINGLE + (torch.float64,)
 
 
 class NoKernelError(RuntimeError):
@@ -68,6 +69,15 @@ def check_eps(eps: object) -> float:
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
     return eps
+
+
+def kernel_dtype_reason(backend: str, dtype: torch.dtype, name: str = "x") -> Optional[str]:
+    """Why ``backend``'s kernels cannot take a tensor of ``dtype`` (they take half and single
+    precision; float64 stays on the torch path), or None if they can."""
+    if dtype in HALF_AND_SINGLE:
+        return None
+    return (f"{name} is {str(dtype).replace('torch.', '')}; {backend} kernels take float32, float16 or "
+            "bfloat16 (float64 runs on the torch path)")
 
 
 def first_reason(reasons: Iterable[str]) -> str:

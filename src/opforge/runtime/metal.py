@@ -20,6 +20,7 @@ in this order:
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -137,6 +138,25 @@ def kernel(path: Path, name: str, device_type: str) -> Any:
         return getattr(lib, name)
     except Exception as exc:  # torch's libraries raise RuntimeError for an unknown name
         raise RuntimeError(f"{Path(path).name} has no kernel {name!r} here ({exc})") from None
+
+
+def bfloat_reason(dtype: torch.dtype, device_type: str, path: Path, probe_kernel: str) -> Optional[str]:
+    """On an MPS device, why bfloat kernels cannot run (Metal before 3.1 compiles none), else None.
+
+    ``probe_kernel`` names one bfloat kernel of ``path``; whether it compiled is asked once.
+    """
+    if dtype != torch.bfloat16 or device_type != "mps" or _has_kernel(Path(path), probe_kernel):
+        return None
+    return "this Mac's Metal has no bfloat (needs Metal 3.1: macOS 14 or later)"
+
+
+@functools.lru_cache(maxsize=None)
+def _has_kernel(path: Path, name: str) -> bool:
+    try:
+        kernel(path, name, "mps")
+    except RuntimeError:
+        return False
+    return True
 
 
 def max_threads_per_threadgroup(fn: Any, default: int = 1024) -> int:

@@ -23,8 +23,9 @@ def _torch_launch(call: ActivationCall) -> torch.Tensor:
 
 
 def _register() -> None:
-    triton_rows = dispatch.optional_variants(__name__, "triton_kernels")  # None without triton (macOS)
-    dispatch.register_family(OPS, [("triton", triton_rows)], _torch_launch,
+    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
+                ("metal", dispatch.optional_variants(__name__, "metal"))]
+    dispatch.register_family(OPS, backends, _torch_launch,
                              "torch composite ops in float32 (float64 for float64 inputs)", _problem_builder)
 
 
@@ -159,6 +160,5 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> to
 
 
 _register()
-from . import metal as _metal  # noqa: E402,F401  registers the metal variants (activation.metal)
 
 __all__ = ["gelu", "silu", "relu", "swiglu", "geglu"]

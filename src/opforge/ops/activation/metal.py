@@ -14,16 +14,15 @@ launcher checks every tensor it binds. Importing this module registers the varia
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ...runtime import alloc, registry
+from ...runtime import alloc
+from ...runtime.errors import kernel_dtype_reason
 from ...runtime import metal as metal_runtime
-from ...runtime.registry import Variant
-from .problem import GATED, HALF_AND_SINGLE, OPS, ActivationCall, ActivationProblem
+from .problem import GATED, ActivationCall, ActivationProblem
 
 SOURCE = Path(__file__).with_name("activation.metal")
 GROUP = 256                          # threads per threadgroup
@@ -85,23 +84,8 @@ def launch_pointwise(call: ActivationCall) -> torch.Tensor:
 
 
 def _dtype_reason(p: ActivationProblem) -> Optional[str]:
-    if p.dtype not in HALF_AND_SINGLE:
-        name = "gate" if p.op in GATED else "x"
-        return (f"{name} is {str(p.dtype).replace('torch.', '')}; metal kernels take float32, float16 or "
-                "bfloat16 (float64 runs on the torch path)")
-    if p.dtype == torch.bfloat16 and p.device_type == "mps" and not _has_bfloat_kernels():
-        return "this Mac's Metal has no bfloat (needs Metal 3.1: macOS 14 or later)"
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def _has_bfloat_kernels() -> bool:
-    """Whether this Mac's Metal compiled the bfloat kernels (``__METAL_VERSION__ >= 310``)."""
-    try:
-        metal_runtime.kernel(SOURCE, kernel_name("relu", None, torch.bfloat16), "mps")
-    except RuntimeError:
-        return False
-    return True
+    return kernel_dtype_reason("metal", p.dtype, "gate" if p.op in GATED else "x") or \
+        metal_runtime.bfloat_reason(p.dtype, p.device_type, SOURCE, kernel_name("relu", None, torch.bfloat16))
 
 
 def supports_pointwise(p: ActivationProblem) -> Optional[str]:
@@ -111,15 +95,3 @@ def supports_pointwise(p: ActivationProblem) -> Optional[str]:
 VARIANTS = (
     ("pointwise", supports_pointwise, launch_pointwise, "one element per thread, float32 math, strided rows in place"),
 )
-
-
-def register() -> None:
-    """Register the metal variant of every activation (idempotent)."""
-    for op in OPS:
-        if any(v.backend == "metal" for v in registry.variants(op)):
-            continue
-        for name, supports, launch, summary in VARIANTS:
-            registry.register(Variant(op, "metal", name, supports, launch, summary))
-
-
-register()

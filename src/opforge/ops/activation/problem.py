@@ -18,11 +18,10 @@ from typing import Optional
 
 import torch
 
-from ...runtime.errors import check_float_tensor
+from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
 from ..norm.rows import Rows, as_rows
 from .reference import APPROXIMATIONS
 
-HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16)
 OPS = ("gelu", "silu", "relu", "swiglu", "geglu")
 GATED = ("swiglu", "geglu")
 

@@ -21,8 +21,9 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
+from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
-from .problem import GATED, HALF_AND_SINGLE, ActivationCall, ActivationProblem
+from .problem import GATED, ActivationCall, ActivationProblem
 
 BLOCK = {2: 4096, 4: 2048}     # per element size: elements per program (8 KiB)
 MIN_BLOCK = 16
@@ -150,11 +151,7 @@ def launch_pointwise(call: ActivationCall, block: Optional[int] = None, num_warp
 
 
 def supports_pointwise(p: ActivationProblem) -> Optional[str]:
-    if p.dtype not in HALF_AND_SINGLE:
-        name = "gate" if p.op in GATED else "x"
-        return f"{name} is {str(p.dtype).replace('torch.', '')}; triton kernels take float32, float16 or " \
-               "bfloat16 (float64 runs on the torch path)"
-    return None
+    return kernel_dtype_reason("triton", p.dtype, "gate" if p.op in GATED else "x")
 
 
 VARIANTS = (

@@ -21,8 +21,9 @@ def _torch_launch(call: NormCall):
 
 
 def _register() -> None:
-    triton_rows = dispatch.optional_variants(__name__, "triton_kernels")  # None without triton (macOS)
-    dispatch.register_family(OPS, [("triton", triton_rows)], _torch_launch,
+    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
+                ("metal", dispatch.optional_variants(__name__, "metal"))]
+    dispatch.register_family(OPS, backends, _torch_launch,
                              "torch composite ops, float32 accumulation (float64 for float64 inputs)", _problem_builder)
 
 
@@ -119,6 +120,5 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch
 
 
 _register()
-from . import metal as _metal  # noqa: E402,F401  registers the metal variants (norm.metal)
 
 __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]

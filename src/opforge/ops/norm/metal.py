@@ -16,16 +16,15 @@ launcher checks every tensor it binds. Importing this module registers the varia
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from ...runtime import alloc, registry
+from ...runtime import alloc
+from ...runtime.errors import kernel_dtype_reason
 from ...runtime import metal as metal_runtime
-from ...runtime.registry import Variant
-from .problem import HALF_AND_SINGLE, OPS, NormCall, NormProblem
+from .problem import NormCall, NormProblem
 
 SOURCE = Path(__file__).with_name("norm.metal")
 SIMD_WIDTH = 32
@@ -117,22 +116,8 @@ def launch_looped(call: NormCall) -> Any:
 
 
 def _dtype_reason(p: NormProblem) -> Optional[str]:
-    if p.dtype not in HALF_AND_SINGLE:
-        return (f"x is {str(p.dtype).replace('torch.', '')}; metal kernels take float32, float16 or "
-                "bfloat16 (float64 runs on the torch path)")
-    if p.dtype == torch.bfloat16 and p.device_type == "mps" and not _has_bfloat_kernels():
-        return "this Mac's Metal has no bfloat (needs Metal 3.1: macOS 14 or later)"
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def _has_bfloat_kernels() -> bool:
-    """Whether this Mac's Metal compiled the bfloat kernels (``__METAL_VERSION__ >= 310``)."""
-    try:
-        metal_runtime.kernel(SOURCE, kernel_name("layer_norm", "looped", torch.bfloat16, torch.bfloat16), "mps")
-    except RuntimeError:
-        return False
-    return True
+    return kernel_dtype_reason("metal", p.dtype, "x") or \
+        metal_runtime.bfloat_reason(p.dtype, p.device_type, SOURCE, kernel_name("layer_norm", "looped", torch.bfloat16, torch.bfloat16))
 
 
 def supports_multirow(p: NormProblem) -> Optional[str]:
@@ -153,15 +138,3 @@ VARIANTS = (
     ("row", supports_row, launch_row, "one threadgroup per row, held in registers"),
     ("looped", supports_looped, launch_looped, "one threadgroup per row, three sweeps (any N)"),
 )
-
-
-def register() -> None:
-    """Register the metal variants of every norm op (idempotent)."""
-    for op in OPS:
-        if any(v.backend == "metal" for v in registry.variants(op)):
-            continue
-        for name, supports, launch, summary in VARIANTS:
-            registry.register(Variant(op, "metal", name, supports, launch, summary))
-
-
-register()

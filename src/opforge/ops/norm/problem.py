@@ -6,11 +6,10 @@ from typing import Optional
 
 import torch
 
-from ...runtime.errors import check_eps, check_float_tensor, check_optional_vector, check_same_device, \
+from ...runtime.errors import HALF_AND_SINGLE, check_eps, check_float_tensor, check_optional_vector, check_same_device, \
     check_same_shape
 from .rows import Rows, as_rows
 
-HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16)
 OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 
 

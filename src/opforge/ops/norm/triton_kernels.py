@@ -19,13 +19,13 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-import torch
 import triton
 import triton.language as tl
 
 from ...runtime import alloc
+from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
-from .problem import HALF_AND_SINGLE, NormCall, NormProblem
+from .problem import NormCall, NormProblem
 
 MULTIROW_MAX_N = 1024
 TILE_BYTES = 4096                 # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
@@ -229,10 +229,7 @@ def launch_looped(call: NormCall):
 
 
 def _dtype_reason(p: NormProblem) -> Optional[str]:
-    if p.dtype not in HALF_AND_SINGLE:
-        return f"x is {str(p.dtype).replace('torch.', '')}; triton kernels take float32, float16 or bfloat16 " \
-               "(float64 runs on the torch path)"
-    return None
+    return kernel_dtype_reason("triton", p.dtype)
 
 
 def supports_multirow(p: NormProblem) -> Optional[str]:

@@ -17,8 +17,9 @@ def _torch_launch(call: SoftmaxCall) -> torch.Tensor:
 
 
 def _register() -> None:
-    triton_rows = dispatch.optional_variants(__name__, "triton_kernels")  # None without triton (macOS)
-    dispatch.register_family(OPS, [("triton", triton_rows)], _torch_launch,
+    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
+                ("metal", dispatch.optional_variants(__name__, "metal"))]
+    dispatch.register_family(OPS, backends, _torch_launch,
                              "torch composite ops, float32 accumulation (float64 for float64 inputs)", _problem_builder)
 
 
@@ -80,6 +81,5 @@ def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 _register()
-from . import metal as _metal  # noqa: E402,F401  registers the metal variants (softmax.metal)
 
 __all__ = ["softmax", "log_softmax"]

@@ -17,16 +17,15 @@ launcher checks the tensor it binds. Importing this module registers the variant
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ...runtime import alloc, registry
+from ...runtime import alloc
+from ...runtime.errors import kernel_dtype_reason
 from ...runtime import metal as metal_runtime
-from ...runtime.registry import Variant
-from .problem import HALF_AND_SINGLE, OPS, SoftmaxCall, SoftmaxProblem
+from .problem import SoftmaxCall, SoftmaxProblem
 
 SOURCE = Path(__file__).with_name("softmax.metal")
 SIMD_WIDTH = 32
@@ -101,22 +100,8 @@ def launch_looped(call: SoftmaxCall) -> torch.Tensor:
 
 
 def _dtype_reason(p: SoftmaxProblem) -> Optional[str]:
-    if p.dtype not in HALF_AND_SINGLE:
-        return (f"x is {str(p.dtype).replace('torch.', '')}; metal kernels take float32, float16 or "
-                "bfloat16 (float64 runs on the torch path)")
-    if p.dtype == torch.bfloat16 and p.device_type == "mps" and not _has_bfloat_kernels():
-        return "this Mac's Metal has no bfloat (needs Metal 3.1: macOS 14 or later)"
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def _has_bfloat_kernels() -> bool:
-    """Whether this Mac's Metal compiled the bfloat kernels (``__METAL_VERSION__ >= 310``)."""
-    try:
-        metal_runtime.kernel(SOURCE, kernel_name("softmax", "looped", torch.bfloat16), "mps")
-    except RuntimeError:
-        return False
-    return True
+    return kernel_dtype_reason("metal", p.dtype, "x") or \
+        metal_runtime.bfloat_reason(p.dtype, p.device_type, SOURCE, kernel_name("softmax", "looped", torch.bfloat16))
 
 
 def supports_multirow(p: SoftmaxProblem) -> Optional[str]:
@@ -137,15 +122,3 @@ VARIANTS = (
     ("row", supports_row, launch_row, "one threadgroup per row, held in registers"),
     ("looped", supports_looped, launch_looped, "one threadgroup per row, online max and sum (any N)"),
 )
-
-
-def register() -> None:
-    """Register the metal variants of softmax and log_softmax (idempotent)."""
-    for op in OPS:
-        if any(v.backend == "metal" for v in registry.variants(op)):
-            continue
-        for name, supports, launch, summary in VARIANTS:
-            registry.register(Variant(op, "metal", name, supports, launch, summary))
-
-
-register()

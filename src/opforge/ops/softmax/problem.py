@@ -6,10 +6,9 @@ from typing import Optional
 
 import torch
 
-from ...runtime.errors import check_float_tensor
+from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
 from ..norm.rows import Rows, as_rows
 
-HALF_AND_SINGLE = (torch.float32, torch.float16, torch.bfloat16)
 OPS = ("softmax", "log_softmax")
 
 #: At most this many rows counts as "few": a long row is then split across several programs

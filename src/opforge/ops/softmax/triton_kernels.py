@@ -33,8 +33,9 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
+from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
-from .problem import HALF_AND_SINGLE, MAX_ROWS, SoftmaxCall, SoftmaxProblem
+from .problem import MAX_ROWS, SoftmaxCall, SoftmaxProblem
 
 MULTIROW_MAX_N = 1024
 TILE_BYTES = 4096                     # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
@@ -362,9 +363,9 @@ def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optiona
 
 
 def _dtype_reason(p: SoftmaxProblem) -> Optional[str]:
-    if p.dtype not in HALF_AND_SINGLE:
-        return f"x is {str(p.dtype).replace('torch.', '')}; triton kernels take float32, float16 or bfloat16 " \
-               "(float64 runs on the torch path)"
+    reason = kernel_dtype_reason("triton", p.dtype)
+    if reason:
+        return reason
     if p.n > MAX_N or p.rows > MAX_ROWS:
         return f"{p.rows} rows x N={p.n}: N must be below 2**31 and rows below {MAX_ROWS}"
     return None
