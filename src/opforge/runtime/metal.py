@@ -140,6 +140,50 @@ def kernel(path: Path, name: str, device_type: str) -> Any:
         raise RuntimeError(f"{Path(path).name} has no kernel {name!r} here ({exc})") from None
 
 
+SIMD_WIDTH = 32
+MAX_GROUP = 1024                 # threads per threadgroup on Apple GPUs
+TYPE_NAMES = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}  # MSL spelling
+
+
+def check_rows_binding(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Kernels bind raw storage: refuse a tensor whose dtype, device or last stride is wrong."""
+    if t.dtype != dtype or t.device != device or (t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1):
+        raise RuntimeError(f"metal launcher: {name} must be {dtype} on {device} with a contiguous last "
+                           f"dimension, got {t.dtype} on {t.device} with strides {t.stride()}")
+    return t
+
+
+def row_group_config(variant: str, n: int, rows: int, max_threads: int, rows_per_group: int,
+                     row_reads: int) -> tuple[int, int]:
+    """(threads per threadgroup, rows per threadgroup) of a row kernel at row length ``n``.
+
+    ``multirow``: one simdgroup per row, up to ``rows_per_group`` rows; ``row``: one threadgroup
+    holding ``row_reads`` elements per thread (an error if that needs more than ``max_threads``);
+    anything else (``looped``): one threadgroup per row, as wide as allowed.
+    """
+    if variant == "multirow":
+        per_group = max(1, min(rows_per_group, rows, max_threads // SIMD_WIDTH))
+        return SIMD_WIDTH * per_group, per_group
+    threads = -(-n // row_reads)
+    want = max(SIMD_WIDTH, -(-threads // SIMD_WIDTH) * SIMD_WIDTH)
+    if variant == "row":
+        if want > max_threads:
+            raise RuntimeError(f"metal.row needs {want} threads per threadgroup for N={n}, "
+                               f"but this pipeline allows {max_threads}")
+        return want, 1
+    return min(want, MAX_GROUP, max_threads // SIMD_WIDTH * SIMD_WIDTH), 1
+
+
+def launch_rows(fn: Any, rows: int, group: int, rows_per_group: int, max_threads_per_launch: int,
+                *args: Any) -> None:
+    """Dispatch ``fn(*args, first_row)`` over ``rows`` rows, in launches of at most
+    ``max_threads_per_launch`` threads (the kernels take the first row of each launch last)."""
+    rows_per_launch = max(1, max_threads_per_launch // group) * rows_per_group
+    for base in range(0, rows, rows_per_launch):
+        groups = -(-min(rows_per_launch, rows - base) // rows_per_group)
+        fn(*args, base, threads=groups * group, group_size=group)
+
+
 def bfloat_reason(dtype: torch.dtype, device_type: str, path: Path, probe_kernel: str) -> Optional[str]:
     """On an MPS device, why bfloat kernels cannot run (Metal before 3.1 compiles none), else None.
 

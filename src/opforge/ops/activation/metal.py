@@ -28,7 +28,7 @@ SOURCE = Path(__file__).with_name("activation.metal")
 GROUP = 256                          # threads per threadgroup
 MAX_THREADS_PER_LAUNCH = 1 << 30     # grids stay well inside 32-bit thread positions
 
-TYPE_NAMES = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+TYPE_NAMES = metal_runtime.TYPE_NAMES
 
 
 def kernel_name(op: str, approximate: Optional[str], dtype: torch.dtype) -> str:

@@ -27,19 +27,15 @@ from ...runtime import metal as metal_runtime
 from .problem import NormCall, NormProblem
 
 SOURCE = Path(__file__).with_name("norm.metal")
-SIMD_WIDTH = 32
+SIMD_WIDTH = metal_runtime.SIMD_WIDTH
 MULTIROW_MAX_N = 8 * SIMD_WIDTH      # kSimdReads * 32 in norm.metal
 MULTIROW_ROWS_PER_GROUP = 8
 ROW_READS = 4                        # kRowReads in norm.metal
-MAX_GROUP = 1024
+MAX_GROUP = metal_runtime.MAX_GROUP
 ROW_MAX_N = ROW_READS * MAX_GROUP
 MAX_THREADS_PER_LAUNCH = 1 << 30     # grids stay well inside 32-bit thread positions
 
-TYPE_NAMES = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
-
-
-def _round_up(v: int, m: int) -> int:
-    return (v + m - 1) // m * m
+TYPE_NAMES = metal_runtime.TYPE_NAMES
 
 
 def kernel_name(op: str, variant: str, dtype: torch.dtype, weight_dtype: torch.dtype) -> str:
@@ -49,16 +45,7 @@ def kernel_name(op: str, variant: str, dtype: torch.dtype, weight_dtype: torch.d
 
 def group_config(variant: str, n: int, rows: int, max_threads: int = MAX_GROUP) -> tuple[int, int]:
     """(threads per threadgroup, rows per threadgroup) for a variant at row length ``n``."""
-    if variant == "multirow":
-        per_group = max(1, min(MULTIROW_ROWS_PER_GROUP, rows, max_threads // SIMD_WIDTH))
-        return SIMD_WIDTH * per_group, per_group
-    want = max(SIMD_WIDTH, _round_up(-(-n // ROW_READS), SIMD_WIDTH))
-    if variant == "row":
-        if want > max_threads:
-            raise RuntimeError(f"metal.row needs {want} threads per threadgroup for N={n}, "
-                               f"but this pipeline allows {max_threads}")
-        return want, 1
-    return min(want, MAX_GROUP, max_threads // SIMD_WIDTH * SIMD_WIDTH), 1
+    return metal_runtime.row_group_config(variant, n, rows, max_threads, MULTIROW_ROWS_PER_GROUP, ROW_READS)
 
 
 def _weight_dtype(call: NormCall) -> torch.dtype:
@@ -68,38 +55,29 @@ def _weight_dtype(call: NormCall) -> torch.dtype:
     return dtype if all(t.dtype == dtype for t in given) else torch.float32
 
 
-def _checked(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Kernels bind raw storage: refuse a tensor whose dtype, device or last stride is wrong."""
-    if t.dtype != dtype or t.device != device or (t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1):
-        raise RuntimeError(f"metal launcher: {name} must be {dtype} on {device} with a contiguous last "
-                           f"dimension, got {t.dtype} on {t.device} with strides {t.stride()}")
-    return t
-
-
 def _launch(call: NormCall, variant: str) -> Any:
     p = call.problem
     x_rows = call.x
     r_rows = call.residual if call.residual is not None else call.x
     device = x_rows.tensor.device
-    x = _checked("x", x_rows.tensor, p.dtype, device)
-    r = _checked("residual", r_rows.tensor, p.dtype, device)
+    x = metal_runtime.check_rows_binding("x", x_rows.tensor, p.dtype, device)
+    r = metal_runtime.check_rows_binding("residual", r_rows.tensor, p.dtype, device)
     y = alloc.empty(call.shape, p.dtype, device)
     s = alloc.empty(call.shape, p.dtype, device) if p.has_residual else None
     w_dtype = _weight_dtype(call)
-    w = None if call.weight is None else _checked("weight", call.weight.to(w_dtype), w_dtype, device)
-    b = None if call.bias is None else _checked("bias", call.bias.to(w_dtype), w_dtype, device)
+    w = None if call.weight is None else metal_runtime.check_rows_binding("weight", call.weight.to(w_dtype), w_dtype,
+                                                                          device)
+    b = None if call.bias is None else metal_runtime.check_rows_binding("bias", call.bias.to(w_dtype), w_dtype, device)
     fn = metal_runtime.kernel(SOURCE, kernel_name(p.op, variant, p.dtype, w_dtype), device.type)
     max_threads = metal_runtime.max_threads_per_threadgroup(fn, MAX_GROUP)
     group, rows_per_group = group_config(variant, p.n, p.rows, max_threads)
     flags = (1 if w is not None else 0) | (2 if b is not None else 0)
     dummy = y  # bound where a kernel reads nothing (no weight, no bias, no residual output)
-    rows_per_launch = max(1, MAX_THREADS_PER_LAUNCH // group) * rows_per_group
-    for base in range(0, p.rows, rows_per_launch):
-        groups = -(-min(rows_per_launch, p.rows - base) // rows_per_group)
-        fn(x, r, dummy if w is None else w, dummy if b is None else b, y, dummy if s is None else s,
-           p.rows, p.n, x_rows.inner, x_rows.stride_outer, x_rows.stride_inner,
-           r_rows.inner, r_rows.stride_outer, r_rows.stride_inner, flags, float(call.eps), base,
-           threads=groups * group, group_size=group)
+    metal_runtime.launch_rows(fn, p.rows, group, rows_per_group, MAX_THREADS_PER_LAUNCH,
+                              x, r, dummy if w is None else w, dummy if b is None else b, y,
+                              dummy if s is None else s, p.rows, p.n, x_rows.inner, x_rows.stride_outer,
+                              x_rows.stride_inner, r_rows.inner, r_rows.stride_outer, r_rows.stride_inner, flags,
+                              float(call.eps))
     return (y, s) if s is not None else y
 
 

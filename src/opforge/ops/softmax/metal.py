@@ -28,19 +28,15 @@ from ...runtime import metal as metal_runtime
 from .problem import SoftmaxCall, SoftmaxProblem
 
 SOURCE = Path(__file__).with_name("softmax.metal")
-SIMD_WIDTH = 32
+SIMD_WIDTH = metal_runtime.SIMD_WIDTH
 MULTIROW_MAX_N = 8 * SIMD_WIDTH      # kSimdReads * 32 in softmax.metal
 MULTIROW_ROWS_PER_GROUP = 8
 ROW_READS = 4                        # kRowReads in softmax.metal
-MAX_GROUP = 1024
+MAX_GROUP = metal_runtime.MAX_GROUP
 ROW_MAX_N = ROW_READS * MAX_GROUP
 MAX_THREADS_PER_LAUNCH = 1 << 30     # grids stay well inside 32-bit thread positions
 
-TYPE_NAMES = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
-
-
-def _round_up(v: int, m: int) -> int:
-    return (v + m - 1) // m * m
+TYPE_NAMES = metal_runtime.TYPE_NAMES
 
 
 def kernel_name(op: str, variant: str, dtype: torch.dtype) -> str:
@@ -50,40 +46,20 @@ def kernel_name(op: str, variant: str, dtype: torch.dtype) -> str:
 
 def group_config(variant: str, n: int, rows: int, max_threads: int = MAX_GROUP) -> tuple[int, int]:
     """(threads per threadgroup, rows per threadgroup) for a variant at row length ``n``."""
-    if variant == "multirow":
-        per_group = max(1, min(MULTIROW_ROWS_PER_GROUP, rows, max_threads // SIMD_WIDTH))
-        return SIMD_WIDTH * per_group, per_group
-    want = max(SIMD_WIDTH, _round_up(-(-n // ROW_READS), SIMD_WIDTH))
-    if variant == "row":
-        if want > max_threads:
-            raise RuntimeError(f"metal.row needs {want} threads per threadgroup for N={n}, "
-                               f"but this pipeline allows {max_threads}")
-        return want, 1
-    return min(want, MAX_GROUP, max_threads // SIMD_WIDTH * SIMD_WIDTH), 1
-
-
-def _checked(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Kernels bind raw storage: refuse a tensor whose dtype or last stride is wrong."""
-    if t.dtype != dtype or (t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1):
-        raise RuntimeError(f"metal launcher: x must be {dtype} with a contiguous last dimension, "
-                           f"got {t.dtype} with strides {t.stride()}")
-    return t
+    return metal_runtime.row_group_config(variant, n, rows, max_threads, MULTIROW_ROWS_PER_GROUP, ROW_READS)
 
 
 def _launch(call: SoftmaxCall, variant: str) -> torch.Tensor:
     p = call.problem
     rows = call.x
-    x = _checked(rows.tensor, p.dtype)
-    device = x.device
+    device = rows.tensor.device
+    x = metal_runtime.check_rows_binding("x", rows.tensor, p.dtype, device)
     y = alloc.empty(call.shape, p.dtype, device)
     fn = metal_runtime.kernel(SOURCE, kernel_name(p.op, variant, p.dtype), device.type)
     max_threads = metal_runtime.max_threads_per_threadgroup(fn, MAX_GROUP)
     group, rows_per_group = group_config(variant, p.n, p.rows, max_threads)
-    rows_per_launch = max(1, MAX_THREADS_PER_LAUNCH // group) * rows_per_group
-    for base in range(0, p.rows, rows_per_launch):
-        groups = -(-min(rows_per_launch, p.rows - base) // rows_per_group)
-        fn(x, y, p.rows, p.n, rows.inner, rows.stride_outer, rows.stride_inner, base,
-           threads=groups * group, group_size=group)
+    metal_runtime.launch_rows(fn, p.rows, group, rows_per_group, MAX_THREADS_PER_LAUNCH,
+                              x, y, p.rows, p.n, rows.inner, rows.stride_outer, rows.stride_inner)
     return call.finish(y)
 
 
