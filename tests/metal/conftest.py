@@ -14,7 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import metal_emu  # noqa: E402
 
 from opforge.runtime import metal as metal_runtime, registry  # noqa: E402
-import opforge.ops.norm.metal  # noqa: E402,F401  (registers the metal variants)
 
 metal_runtime.set_emulator(metal_emu.compile_shader)
 

@@ -108,26 +108,6 @@ def test_inputs_are_not_modified():
     assert torch.equal(x, x0) and torch.equal(r, r0)
 
 
-def test_launches_are_split_into_row_chunks(monkeypatch):
-    import opforge.runtime.metal as metal_runtime
-    monkeypatch.setattr(norm_metal, "MAX_THREADS_PER_LAUNCH", 2048)
-    launches = []
-    real_kernel = metal_runtime.kernel
-
-    def counting_kernel(*args):
-        fn = real_kernel(*args)
-
-        def call(*a, **kw):
-            launches.append(a[-1])  # row_base
-            return fn(*a, **kw)
-        return call
-
-    monkeypatch.setattr(metal_runtime, "kernel", counting_kernel)
-    run("layer_norm", (150, 64), torch.float32)      # multirow: 8 groups of 8 rows per launch
-    run("add_rms_norm", (20, 1000), torch.float16)   # row: 256 threads, 8 rows per launch
-    assert launches == [0, 64, 128, 0, 8, 16]
-
-
 def _bad_calls():
     x = torch.randn(4, 16)
     r = torch.randn(4, 16)

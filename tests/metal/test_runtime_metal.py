@@ -3,7 +3,13 @@ import pytest
 import torch
 
 import metal_emu
+import opforge
+from opforge.ops.norm import cases as norm_cases
+from opforge.ops.norm import metal as norm_metal
+from opforge.ops.softmax import cases as softmax_cases
+from opforge.ops.softmax import metal as softmax_metal
 from opforge.runtime import metal as metal_runtime
+from opforge.testing import TOLERANCE, max_rel_error
 
 
 @pytest.fixture
@@ -81,3 +87,31 @@ def test_a_fresh_process_finds_the_emulator_in_the_checkout(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     backend, variant, err = out.stdout.split()
     assert (backend, variant) == ("metal", "row") and float(err) < 1e-5
+
+
+@pytest.mark.parametrize("module, cases, calls", [
+    (norm_metal, norm_cases, [("layer_norm", (150, 64), torch.float32), ("add_rms_norm", (20, 1000), torch.float16)]),
+    (softmax_metal, softmax_cases, [("softmax", (150, 64), torch.float32), ("log_softmax", (20, 1000), torch.float16)]),
+])
+def test_launches_are_split_into_row_chunks(emulate, monkeypatch, module, cases, calls):
+    monkeypatch.setattr(module, "MAX_THREADS_PER_LAUNCH", 2048)
+    launches = []
+    real_kernel = metal_runtime.kernel
+
+    def counting_kernel(*args):
+        fn = real_kernel(*args)
+
+        def call(*a, **kw):
+            launches.append(a[-1])  # row_base
+            return fn(*a, **kw)
+        return call
+
+    monkeypatch.setattr(metal_runtime, "kernel", counting_kernel)
+    # multirow: 8 groups of 8 rows per launch; then row: 256 threads, 8 rows per launch
+    for op, shape, dtype in calls:
+        case = cases.make_case(op, shape, dtype)
+        args, kwargs = case.make("cpu")
+        with opforge.backend("metal"):
+            out = case.call(*args, **kwargs)
+        assert max_rel_error(out, case.oracle(args, kwargs)) <= TOLERANCE[dtype]
+    assert launches == [0, 64, 128, 0, 8, 16]

@@ -101,26 +101,6 @@ def test_inf_and_nan_rows_match_torch(op, variant):
         assert torch.allclose(y[ok].double(), ref[ok], rtol=1e-5, atol=1e-7)
 
 
-def test_launches_are_split_into_row_chunks(monkeypatch):
-    import opforge.runtime.metal as metal_runtime
-    monkeypatch.setattr(softmax_metal, "MAX_THREADS_PER_LAUNCH", 2048)
-    launches = []
-    real_kernel = metal_runtime.kernel
-
-    def counting_kernel(*args):
-        fn = real_kernel(*args)
-
-        def call(*a, **kw):
-            launches.append(a[-1])  # row_base
-            return fn(*a, **kw)
-        return call
-
-    monkeypatch.setattr(metal_runtime, "kernel", counting_kernel)
-    check("softmax", (150, 64), torch.float32)       # multirow: 8 groups of 8 rows per launch
-    check("log_softmax", (20, 1000), torch.float16)  # row: 256 threads, 8 rows per launch
-    assert launches == [0, 64, 128, 0, 8, 16]
-
-
 def test_float64_is_refused_clearly():
     with opforge.backend("metal"), pytest.raises(opforge.NoKernelError, match="float64 runs on the torch path"):
         opforge.softmax(torch.randn(3, 16, dtype=torch.float64))
