@@ -40,11 +40,6 @@ def max_rel_error(outs: Outputs, refs: Outputs) -> float:
     return max(rel_error(o, r) for o, r in zip(outs, refs))
 
 
-def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fill ``t`` with NaN so that any element a kernel forgets to write fails the check."""
-    return t.fill_(float("nan"))
-
-
 def strided_rows(shape: Sequence[int], dtype: torch.dtype, device: Any) -> torch.Tensor:
     """Random data of ``shape`` viewed out of a larger tensor as ``big[..., ::2, :N]``.
 

@@ -56,7 +56,6 @@ def _spec_other(v: Any) -> Any:
 
 
 _SPEC = {torch.Tensor: _spec_tensor, int: _spec_int, bool: lambda v: ("b", v), float: _spec_other}
-_IDENTITY = lambda v: v  # noqa: E731 - constexprs are keyed by value
 
 
 def _hook_active(hook: Any) -> bool:
@@ -92,7 +91,7 @@ class TritonLauncher:
     def _key(self, args: Sequence[Any], num_warps: int, num_stages: int) -> tuple:
         spec = _SPEC
         return (num_warps, num_stages, args[0].device.index) + tuple(
-            _IDENTITY(a) if c else spec.get(type(a), _spec_other)(a) for a, c in zip(args, self._constexpr))
+            a if c else spec.get(type(a), _spec_other)(a) for a, c in zip(args, self._constexpr))  # constexprs by value
 
     def __call__(self, grid: tuple, args: Sequence[Any], num_warps: int = 4, num_stages: int = 2,
                  key: Optional[tuple] = None) -> None:

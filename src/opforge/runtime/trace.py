@@ -104,10 +104,6 @@ def trace(timing: bool = False) -> Trace:
     return Trace(timing)
 
 
-def tracing() -> bool:
-    return bool(_active)
-
-
 def run_traced(op: str, backend: str, variant: str, x: torch.Tensor, note: str,
                fn: Callable[..., Any], *args: Any) -> Any:
     """Call ``fn(*args)`` and record it in every active trace (GPU-timed if any asks)."""
