@@ -3,9 +3,15 @@
 TRITON_INTERPRET must be set before any @triton.jit kernel is created, so before opforge's op
 families are imported. Every opforge output is NaN-poisoned before its kernel runs. At the end,
 the run prints which backends and variants the tests' own ``opforge.trace()`` blocks saw run.
+
+Random data is fresh on every run, yet reproducible: the run draws one seed (or takes
+``OPFORGE_TEST_SEED``), prints it in the header, and seeds torch before each test from it and the
+test's id, so a failure re-runs alone with ``OPFORGE_TEST_SEED=<seed> pytest <test id>``.
 """
 import collections
 import os
+import random
+import zlib
 
 import torch
 
@@ -22,6 +28,18 @@ from opforge.testing import DEVICE  # noqa: E402
 
 settings.register_profile("opforge", deadline=None, max_examples=20, derandomize=False)
 settings.load_profile("opforge")
+
+
+RUN_SEED = int(os.environ.get("OPFORGE_TEST_SEED") or random.SystemRandom().randrange(2**31))
+
+
+def pytest_report_header():
+    return f"opforge test seed: OPFORGE_TEST_SEED={RUN_SEED}"
+
+
+@pytest.fixture(autouse=True)
+def _seed_per_test(request):
+    torch.manual_seed(RUN_SEED ^ zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +68,8 @@ _trace.Trace.__exit__ = _tallying_exit
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print the proof of what ran: traced calls per backend, device and variant."""
+    """Print the seed, and the proof of what ran: traced calls per backend, device and variant."""
+    terminalreporter.write_line(f"random data from OPFORGE_TEST_SEED={RUN_SEED}")
     if not _traced:
         return
     terminalreporter.section("opforge kernels traced by the tests")

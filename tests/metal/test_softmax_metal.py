@@ -98,7 +98,10 @@ def test_inf_and_nan_rows_match_torch(op, variant):
         assert torch.isnan(y[1:]).all()
         ok = ~torch.isnan(want) & torch.isfinite(want)
         ref = reference.run(op, x.double())
-        assert torch.allclose(y[ok].double(), ref[ok], rtol=1e-5, atol=1e-7)
+        # Norm-relative, as everywhere: an element-wise rtol would demand more than float32 has
+        # where log_softmax cancels to near zero ((x - max) - log(sum) with both terms ~1).
+        err = max_rel_error(y[ok], ref[ok])
+        assert err <= TOLERANCE[torch.float32], (n, variant, err)
 
 
 def test_float64_is_refused_clearly():
