@@ -65,9 +65,9 @@ def configs(n, itemsize):
 def launch_config(call, kind, params):
     if kind == "tile":
         bm, bn, w, st = params
-        return tk._launch(tk._tile, call, ("tune",) + params, (triton.cdiv(call.problem.rows, bm),), (bm, bn), w)
+        return tk._launch(tk._tile, call, ("tune",) + params, (triton.cdiv(call.problem.rows, bm),), (bm, bn, tk.SHIFT_SAMPLE), w)
     chunk, w, st = params
-    return tk._launch(tk._looped, call, ("tune",) + params, (call.problem.rows,), (chunk,), w)
+    return tk._launch(tk._looped, call, ("tune",) + params, (call.problem.rows,), (chunk, tk.SHIFT_SAMPLE), w)
 
 
 def main():

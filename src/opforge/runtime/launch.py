@@ -11,7 +11,7 @@ directly. The first call of each key goes through Triton's own path, which compi
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -146,14 +146,36 @@ class TritonLauncher:
         if self.interpreted or _CHECK_KEYS:
             return False
         compiled = self._compiled.get(key)
-        if not compiled or device_index != _current_device() or _hook_active(self._hooks.launch_enter_hook) \
-                or _hook_active(self._hooks.launch_exit_hook):
+        if not compiled or not self._direct_ok(device_index):
             return False
         function, packed, run, _ = compiled
         run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
             self._stream(device_index), function, packed, None, None, None, *raw_args)
         self.fast_path = True
         return True
+
+    def raw_launcher(self, key: tuple) -> Optional[Callable[[int, Sequence[Any], int], bool]]:
+        """``go(grid_x, raw_args, device_index) -> bool``: ``launch_raw`` on a 1-D grid, bound to the
+        binary compiled under ``key`` (what a launch plan keeps), or None if there is none yet."""
+        if self.interpreted or _CHECK_KEYS:
+            return None
+        compiled = self._compiled.get(key)
+        if not compiled:
+            return None
+        function, packed, run, _ = compiled
+        direct_ok, stream = self._direct_ok, self._stream
+
+        def go(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
+            if not direct_ok(device_index):
+                return False
+            run(grid_x, 1, 1, stream(device_index), function, packed, None, None, None, *raw_args)
+            return True
+        return go
+
+    def _direct_ok(self, device_index: int) -> bool:
+        """A direct launch needs the tensors' device current and no profiler launch hooks."""
+        return device_index == _current_device() and not _hook_active(self._hooks.launch_enter_hook) \
+            and not _hook_active(self._hooks.launch_exit_hook)
 
     def _prepare(self, compiled: Any, args: Sequence[Any]) -> Any:
         """Keep what a direct launch needs, or False where this Triton lacks the pieces."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import backends, policy
+from . import backends, plans, policy
 from .errors import NoKernelError, first_reason
 
 
@@ -102,8 +102,10 @@ def ops() -> list[str]:
 
 
 def clear_cache() -> None:
-    """Forget cached choices (after changing TRITON_INTERPRET or OPFORGE_METAL_EMULATE in a test)."""
+    """Forget cached choices and launch plans (after changing TRITON_INTERPRET or
+    OPFORGE_METAL_EMULATE in a test)."""
     _cache.clear()
+    plans.clear_all()
 
 
 def _walk(op: str, problem: Any, device_type: str, forced: Optional[str]) -> Explanation:

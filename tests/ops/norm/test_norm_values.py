@@ -26,6 +26,13 @@ def check(case, backend: str, tol_scale: float = 1.0):
     return check_case(case, backend, tol_scale)[0]
 
 
+@pytest.fixture(params=[0, 64], ids=["shift=mean", "shift=prefix64"])
+def shift_sample(request, monkeypatch):
+    """Both ways the Triton layer norms pick their shift (triton_kernels.SHIFT_SAMPLE)."""
+    monkeypatch.setattr(triton_kernels, "SHIFT_SAMPLE", request.param)
+    return request.param
+
+
 # Edge shapes: N=1, N=3, N off the block size, each variant's boundary on both sides, one row, many rows.
 EDGE_SHAPES = [(1, 1), (5, 3), (3, 77), (2, 1000), (1, MULTIROW), (2, MULTIROW + 1), (40, 96)]
 
@@ -33,7 +40,7 @@ EDGE_SHAPES = [(1, 1), (5, 3), (3, 77), (2, 1000), (1, MULTIROW), (2, MULTIROW +
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", EDGE_SHAPES)
-def test_triton_edge_shapes(op, dtype, shape):
+def test_triton_edge_shapes(op, dtype, shape, shift_sample):
     event = check(cases.make_case(op, shape, dtype), "triton")
     assert event.variant == expected_variant(shape[-1], dtype)
     assert event.note == ""
@@ -41,7 +48,7 @@ def test_triton_edge_shapes(op, dtype, shape):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_row_and_looped_boundaries(op, dtype):
+def test_triton_row_and_looped_boundaries(op, dtype, shift_sample):
     limit = ROW_LIMIT[dtype]
     for n in (limit, limit + 1, 3 * triton_kernels.LOOP_CHUNK + 5):
         event = check(cases.make_case(op, (1, n), dtype), "triton")
@@ -79,11 +86,30 @@ def test_float32_weights_with_half_x(op, dtype):
 @pytest.mark.parametrize("offset", [1e3, 1e4])
 @pytest.mark.parametrize("n", [77, 1500, 20000])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_large_mean_small_spread_has_no_cancellation(op, offset, n, backend):
+def test_large_mean_small_spread_has_no_cancellation(op, offset, n, backend, shift_sample):
     # E[x^2] - E[x]^2 would lose every digit here; a rounded mean alone would cost ~offset * 2^-24.
     case = cases.make_case(op, (2, n), torch.float32, offset=offset)
     _, out, ref, _ = run_case(case, backend)
     assert max_rel_error(out, ref) < 1e-6
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
+@pytest.mark.parametrize("n", [77, 1500, 40000])
+def test_an_odd_prefix_still_gives_the_variance_around_the_mean(op, n, shift_sample):
+    # With SHIFT_SAMPLE the kernels subtract the mean of each row's first values before summing.
+    # Row 1's first 64 values sit 1e5 standard deviations off the rest: there the variance must be
+    # recomputed around the mean (row 0, ordinary, shares the multirow tile).
+    x = torch.randn(2, n, device=DEVICE)
+    x[1] *= 0.01
+    x[1, :64] = 1e3 + torch.randn(64, device=DEVICE)
+    residual = torch.randn(2, n, device=DEVICE) * 1e-3 if op == "add_layer_norm" else None
+    args = (x, residual) if residual is not None else (x,)
+    with opforge.backend("triton"), opforge.trace() as t:
+        out = getattr(opforge, op)(*args)
+    assert t[0].backend == "triton"
+    ref = opforge.ops.norm.reference.run(op, x.double(), None if residual is None else residual.double(),
+                                         None, None, 1e-5)
+    assert max_rel_error(out, ref) < 1e-5
 
 
 @pytest.mark.parametrize("op", OPS)

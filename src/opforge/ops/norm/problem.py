@@ -8,6 +8,7 @@ import torch
 
 from ...runtime.errors import HALF_AND_SINGLE, check_eps, check_float_tensor, check_optional_vector, check_same_device, \
     check_same_shape
+from ...runtime.plans import PlanCache
 from .rows import Rows, as_rows
 
 OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
@@ -42,19 +43,46 @@ class NormProblem:
 
 
 class NormCall:
-    """A validated call: the problem, the row views of the inputs, and the parameters."""
+    """A validated call: the problem, the row views of the inputs, and the parameters.
 
-    __slots__ = ("problem", "x", "residual", "weight", "bias", "eps", "shape")
+    ``signature`` (see ``signature()``) is set where a launch plan may repeat this call."""
+
+    __slots__ = ("problem", "x", "residual", "weight", "bias", "eps", "shape", "signature")
 
     def __init__(self, problem: NormProblem, x: Rows, residual: Optional[Rows], weight: Optional[torch.Tensor],
                  bias: Optional[torch.Tensor], eps: float, shape: torch.Size):
         self.problem, self.x, self.residual = problem, x, residual
         self.weight, self.bias, self.eps, self.shape = weight, bias, eps, shape
+        self.signature = None
 
     @property
     def note(self) -> str:
         notes = [r.copied for r in (self.x, self.residual) if r is not None and r.copied]
         return "; ".join(notes)
+
+
+# Launch plans of the norm family (runtime/plans.py), by signature().
+PLANS = PlanCache()
+
+
+def signature(op: str, x: object, residual: object, weight: object, bias: object) -> Optional[tuple]:
+    """What a launch plan of this call depends on: op, x's shape, dtype and device, and the
+    residual's, weight's and bias's; None unless every tensor given is packed (a plan passes only
+    pointers), or for arguments that are not tensors (the general path reports those)."""
+    try:
+        if not x.is_contiguous():
+            return None
+        sig = [op, x.shape, x.dtype, x.device]
+        for t in (residual, weight, bias):
+            if t is None:
+                sig.append(None)
+            elif t.is_contiguous():
+                sig.append((t.shape, t.dtype, t.device))
+            else:
+                return None
+        return tuple(sig)
+    except AttributeError:
+        return None
 
 
 _ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))

@@ -6,11 +6,11 @@ Two kernels serve three variants, chosen by the row length N:
   still give each program enough bytes in flight.
 * ``row`` (1024 < N <= the register limit): one program per row, the row held in registers,
   read once and written once.
-* ``looped`` (any N): one program per row walks it in chunks; statistics are combined chunk by
-  chunk (each chunk's mean and squared deviations, merged with Chan's formula), then a second
-  walk normalizes. The row's second read mostly hits L2.
+* ``looped`` (any N): one program per row walks it in chunks summing x - shift and its square,
+  then a second walk normalizes. The row's second read mostly hits L2.
 
-All accumulate in float32 and take the variance around the mean, never E[x^2] - E[x]^2.
+All accumulate in float32. Layer norm never takes E[x^2] - E[x]^2: it sums d = x - shift with a
+shift near the mean (see SHIFT_SAMPLE), exact for clustered rows, so E[d^2] - E[d]^2 cancels little.
 Rows are addressed as ``(r // inner) * stride_outer + (r % inner) * stride_inner`` so strided
 views run in place; outputs are packed.
 """
@@ -25,12 +25,20 @@ import triton.language as tl
 from ...runtime import alloc
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
-from .problem import NormCall, NormProblem
+from .problem import PLANS, NormCall, NormProblem
 
 MULTIROW_MAX_N = 1024
 TILE_BYTES = 4096                 # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
 ROW_MAX_N = {2: 32768, 4: 32768}  # per element size: widest row kept whole in registers
 LOOP_CHUNK = 32768
+# Layer norm sums x - shift. SHIFT_SAMPLE = 0: shift = the row's mean (the first chunk's, in the
+# looped variant), one more full reduction before the sums. SHIFT_SAMPLE = S > 0: the mean of the
+# row's first S values, which does not wait for the row; then, where E[(x - shift)^2] > SHIFT_FAR *
+# var (the shift over ~4 standard deviations off the mean, the one-pass form losing ~4 bits), the
+# variance is recomputed around the mean. S > 0 is correct and tested but not yet measured on a
+# GPU (benchmarks/shift_and_plans_probe.py does), so the measured S = 0 stays the default.
+SHIFT_SAMPLE = 0
+SHIFT_FAR = tl.constexpr(16.0)
 
 
 @triton.jit
@@ -38,20 +46,33 @@ def _row_offsets(row, inner, stride_outer, stride_inner):
     return (row // inner) * stride_outer + (row % inner) * stride_inner
 
 
+@triton.jit
+def _sample_mean(x_ptr, r_ptr, s_ptr, x_off, r_off, row_ok, n, HAS_RES: tl.constexpr, SAMPLE: tl.constexpr):
+    """Per row (x_off, r_off: row start offsets), the mean of its first min(n, SAMPLE) values,
+    of x + residual rounded to the stored dtype when HAS_RES, as the kernel normalizes them."""
+    cols = tl.arange(0, SAMPLE)
+    ok = row_ok[:, None] & (cols < n)[None, :]
+    v = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        v += tl.load(r_ptr + r_off[:, None] + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        v = v.to(s_ptr.dtype.element_ty).to(tl.float32)
+    return tl.sum(v, axis=1) / tl.minimum(n, SAMPLE).to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["rows", "x_inner", "r_inner"])
 def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                  x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
                  IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SAMPLE: tl.constexpr):
     row = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n
     mask = (row < rows)[:, None] & col_ok[None, :]
     out_off = row[:, None] * n + cols[None, :]
     x_off = _row_offsets(row, x_inner, x_so, x_si)
+    r_off = _row_offsets(row, r_inner, r_so, r_si)
     v = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
-        r_off = _row_offsets(row, r_inner, r_so, r_si)
         v += tl.load(r_ptr + r_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         total = v.to(s_ptr.dtype.element_ty)
         tl.store(s_ptr + out_off, total, mask=mask)
@@ -59,13 +80,25 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     if IS_RMS:
         y = v * tl.rsqrt(tl.sum(v * v, axis=1) / n + eps)[:, None]
     else:
-        # Shifted data: d = x - rough_mean is exact for clustered rows, so the mean of d corrects
-        # the rounding of rough_mean (rows like 1e4 + randn keep float32 accuracy), and since
-        # mean(d) is tiny, var = mean(d^2) - mean(d)^2 cancels nothing.
-        rough_mean = tl.sum(v, axis=1) / n
-        d = tl.where(mask, v - rough_mean[:, None], 0.0)
+        # Shifted data: d = x - shift is exact for clustered rows, so the mean of d corrects
+        # the rounding of shift (rows like 1e4 + randn keep float32 accuracy), and since
+        # mean(d) is small, var = mean(d^2) - mean(d)^2 cancels little.
+        if SAMPLE > 0:
+            # shift = the mean of the row's first SAMPLE values: a small load and reduction that
+            # does not wait for the whole row, so the two sums below are the only full rounds.
+            shift = _sample_mean(x_ptr, r_ptr, s_ptr, x_off, r_off, row < rows, n, HAS_RES, SAMPLE)
+        else:
+            shift = tl.sum(v, axis=1) / n
+        d = tl.where(mask, v - shift[:, None], 0.0)
         d_mean = tl.sum(d, axis=1) / n
-        var = tl.maximum(tl.sum(d * d, axis=1) / n - d_mean * d_mean, 0.0)
+        d_sq = tl.sum(d * d, axis=1) / n
+        var = tl.maximum(d_sq - d_mean * d_mean, 0.0)
+        if SAMPLE > 0:
+            if tl.max(d_sq - var * SHIFT_FAR, axis=0) > 0.0:
+                # A row's shift was far from its mean (an odd prefix), so d_sq - d_mean^2 cancelled:
+                # take the variance around the mean itself for this tile, in one more round.
+                dev = tl.where(mask, d - d_mean[:, None], 0.0)
+                var = tl.sum(dev * dev, axis=1) / n
         y = (d - d_mean[:, None]) * tl.rsqrt(var + eps)[:, None]
     if HAS_W:
         y *= tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -78,32 +111,44 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
 def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                    x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
                    IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                   CHUNK: tl.constexpr):
+                   CHUNK: tl.constexpr, SAMPLE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + _row_offsets(row, x_inner, x_so, x_si)
-    r_row = r_ptr + _row_offsets(row, r_inner, r_so, r_si)
+    x_start = _row_offsets(row, x_inner, x_so, x_si)
+    r_start = _row_offsets(row, r_inner, r_so, r_si)
+    x_row = x_ptr + x_start
+    r_row = r_ptr + r_start
     y_row = y_ptr + row * n
     s_row = s_ptr + row * n
     cols = tl.arange(0, CHUNK)
     # The row is read twice. The first walk asks L2 to keep it (evict_last) and the second walks
     # it backwards, so the chunks it needs first are the ones read most recently.
-    # Layer norm takes sums of v - shift, shift being the first chunk's mean: for clustered rows
-    # (1e4 + randn) that subtraction is exact, so var = E[(v-shift)^2] - E[v-shift]^2 cancels
-    # nothing, and the two sums of a chunk are independent reductions (no dependent rounds).
-    ok = cols < n
-    v = tl.load(x_row + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    if HAS_RES:
-        v += tl.load(r_row + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        total = v.to(s_ptr.dtype.element_ty)
-        tl.store(s_row + cols, total, mask=ok, eviction_policy="evict_last")
-        v = total.to(tl.float32)
+    # Layer norm takes sums of v - shift, shift being the first chunk's mean (or, with SAMPLE, the
+    # mean of the row's first SAMPLE values): for clustered rows (1e4 + randn) that subtraction is
+    # exact, so var = E[(v-shift)^2] - E[v-shift]^2 cancels little, and the two sums of a chunk
+    # are independent reductions.
     shift = 0.0
-    if not IS_RMS:
-        shift = tl.sum(v, axis=0) / tl.minimum(n, CHUNK).to(tl.float32)
-        v = tl.where(ok, v - shift, 0.0)
-    s1 = tl.sum(v, axis=0)
-    s2 = tl.sum(v * v, axis=0)
-    for start in range(CHUNK, n, CHUNK):
+    if SAMPLE > 0 and not IS_RMS:
+        one = tl.zeros((1,), tl.int64)
+        shift = tl.sum(_sample_mean(x_ptr, r_ptr, s_ptr, one + x_start, one + r_start, one == 0, n,
+                                    HAS_RES, SAMPLE), axis=0)
+        s1 = tl.zeros((), tl.float32)
+        s2 = tl.zeros((), tl.float32)
+        first = 0
+    else:  # the first chunk's sums (and for layer norm its mean as the shift: one more reduction)
+        ok = cols < n
+        v = tl.load(x_row + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if HAS_RES:
+            v += tl.load(r_row + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            total = v.to(s_ptr.dtype.element_ty)
+            tl.store(s_row + cols, total, mask=ok, eviction_policy="evict_last")
+            v = total.to(tl.float32)
+        if not IS_RMS:
+            shift = tl.sum(v, axis=0) / tl.minimum(n, CHUNK).to(tl.float32)
+            v = tl.where(ok, v - shift, 0.0)
+        s1 = tl.sum(v, axis=0)
+        s2 = tl.sum(v * v, axis=0)
+        first = CHUNK
+    for start in range(first, n, CHUNK):
         c = start + cols
         ok = c < n
         v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -117,13 +162,27 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
         s1 += tl.sum(v, axis=0)
         s2 += tl.sum(v * v, axis=0)
     mean = s1 / n
+    if HAS_RES:
+        tl.debug_barrier()  # the stored sums are re-read below, possibly by other threads
     if IS_RMS:
         m2 = s2
     else:
         m2 = tl.maximum(s2 - s1 * mean, 0.0)
+        if SAMPLE > 0:
+            if s2 > m2 * SHIFT_FAR:
+                # The shift was far from the mean (an odd prefix), so s2 - s1 * mean cancelled:
+                # take the sum of squared deviations around the mean itself, in one more walk.
+                m2 = tl.zeros((), tl.float32)
+                for start in range(0, n, CHUNK):
+                    c = start + cols
+                    ok = c < n
+                    if HAS_RES:
+                        v = tl.load(s_row + c, mask=ok, other=0.0).to(tl.float32)
+                    else:
+                        v = tl.load(x_row + c, mask=ok, other=0.0).to(tl.float32)
+                    v = tl.where(ok, (v - shift) - mean, 0.0)
+                    m2 += tl.sum(v * v, axis=0)
     rstd = tl.rsqrt(m2 / n + eps)
-    if HAS_RES:
-        tl.debug_barrier()  # the stored sums are re-read below, possibly by other threads
     last = tl.cdiv(n, CHUNK) - 1
     for i in range(0, tl.cdiv(n, CHUNK)):
         c = (last - i) * CHUNK + cols
@@ -172,6 +231,7 @@ def looped_config(n: int) -> tuple[int, int]:
 
 
 _I32_MAX = 2**31 - 1
+_INF = float("inf")
 
 
 def _outputs(call: NormCall):
@@ -201,31 +261,70 @@ def _launch(launcher: TritonLauncher, call: NormCall, config: tuple, grid: tuple
     if not ((xp | rp | wp | bp) & 15 or p.n == 1
             or max(x.stride_outer, x.stride_inner, r.stride_outer, r.stride_inner) > _I32_MAX):
         index = xt.device.index
-        key = (config, p.op, p.key, index, x.stride_outer & 15, x.stride_inner & 15, r.stride_outer & 15,
+        key = (config, constexprs, p.op, p.key, index, x.stride_outer & 15, x.stride_inner & 15, r.stride_outer & 15,
                r.stride_inner & 15)
-        if launcher.launch_raw(key, grid, (xp, rp, yp, sp, wp, bp) + tail, warps, index):
+        launched = launcher.launch_raw(key, grid, (xp, rp, yp, sp, wp, bp) + tail, warps, index)
+        if call.signature is not None:
+            _offer_plan(launcher, key, call, grid[0], tail, index)
+        if launched:
             return (y, s) if s is not None else y
     launcher(grid, (xt, r.tensor, y, s if s is not None else y, w if w is not None else y,
                     b if b is not None else y) + tail, num_warps=warps, key=key)
+    if key is not None and call.signature is not None:
+        _offer_plan(launcher, key, call, grid[0], tail, index)
     return (y, s) if s is not None else y
+
+
+def _offer_plan(launcher: TritonLauncher, key: tuple, call: NormCall, grid_x: int, tail: tuple, index: int) -> None:
+    """Leave a plan that repeats this launch for calls of the same signature (packed x, residual,
+    weight and bias; the pointers and eps change per call)."""
+    go = launcher.raw_launcher(key)
+    if go is None:
+        return
+    p = call.problem
+    head, consts = tail[:8], tail[9:]
+    has_res, has_w, has_b = p.has_residual, call.weight is not None, call.bias is not None
+    empty_like = alloc.empty_packed_like
+
+    def plan(x, residual, weight, bias, eps):
+        if type(eps) is not float or not 0.0 <= eps < _INF:
+            return None
+        xp = x.data_ptr()
+        rp = residual.data_ptr() if has_res else xp
+        wp = weight.data_ptr() if has_w else 0
+        bp = bias.data_ptr() if has_b else 0
+        if (xp | rp | wp | bp) & 15:
+            return None
+        y = empty_like(x)
+        yp = y.data_ptr()
+        if has_res:
+            s = empty_like(x)
+            sp = s.data_ptr()
+        else:
+            s, sp = None, yp
+        if not go(grid_x, (xp, rp, yp, sp, wp if has_w else yp, bp if has_b else yp) + head + (eps,) + consts, index):
+            return None
+        return (y, s) if has_res else y
+
+    PLANS.offer(call.signature, plan, "triton")
 
 
 def launch_multirow(call: NormCall):
     config = multirow_config(call.problem.n, call.problem.dtype.itemsize)
     block_m, block_n, warps = config
-    return _launch(_tile, call, config, (cdiv(call.problem.rows, block_m),), (block_m, block_n), warps)
+    return _launch(_tile, call, config, (cdiv(call.problem.rows, block_m),), (block_m, block_n, SHIFT_SAMPLE), warps)
 
 
 def launch_row(call: NormCall):
     config = row_config(call.problem.n, call.problem.dtype.itemsize, call.problem.is_rms)
     block_m, block_n, warps = config
-    return _launch(_tile, call, config, (call.problem.rows,), (block_m, block_n), warps)
+    return _launch(_tile, call, config, (call.problem.rows,), (block_m, block_n, SHIFT_SAMPLE), warps)
 
 
 def launch_looped(call: NormCall):
     config = looped_config(call.problem.n)
     chunk, warps = config
-    return _launch(_looped, call, config, (call.problem.rows,), (chunk,), warps)
+    return _launch(_looped, call, config, (call.problem.rows,), (chunk, SHIFT_SAMPLE), warps)
 
 
 def _dtype_reason(p: NormProblem) -> Optional[str]:
