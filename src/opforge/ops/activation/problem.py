@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
-from ..norm.rows import Rows, as_rows
+from ...runtime.rows import Rows, as_rows
 from .reference import APPROXIMATIONS
 
 OPS = ("gelu", "silu", "relu", "swiglu", "geglu")

@@ -9,7 +9,7 @@ import torch
 from ...runtime.errors import HALF_AND_SINGLE, check_eps, check_float_tensor, check_optional_vector, check_same_device, \
     check_same_shape
 from ...runtime.plans import PlanCache
-from .rows import Rows, as_rows
+from ...runtime.rows import Rows, as_rows
 
 OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 
