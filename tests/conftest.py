@@ -6,7 +6,8 @@ the run prints which backends and variants the tests' own ``opforge.trace()`` bl
 
 Random data is fresh on every run, yet reproducible: the run draws one seed (or takes
 ``OPFORGE_TEST_SEED``), prints it in the header, and seeds torch before each test from it and the
-test's id, so a failure re-runs alone with ``OPFORGE_TEST_SEED=<seed> pytest <test id>``.
+test's id (hypothesis takes it as its seed), so a failure re-runs alone with
+``OPFORGE_TEST_SEED=<seed> pytest <test id>``.
 """
 import collections
 import os
@@ -31,6 +32,13 @@ settings.load_profile("opforge")
 
 
 RUN_SEED = int(os.environ.get("OPFORGE_TEST_SEED") or random.SystemRandom().randrange(2**31))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Hypothesis draws its examples from the run seed too (unless --hypothesis-seed is given)."""
+    if getattr(config.option, "hypothesis_seed", "absent") is None:
+        config.option.hypothesis_seed = RUN_SEED
 
 
 def pytest_report_header():
