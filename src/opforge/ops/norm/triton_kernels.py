@@ -70,9 +70,10 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     mask = (row < rows)[:, None] & col_ok[None, :]
     out_off = row[:, None] * n + cols[None, :]
     x_off = _row_offsets(row, x_inner, x_so, x_si)
-    r_off = _row_offsets(row, r_inner, r_so, r_si)
     v = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    r_off = x_off  # unused without a residual
     if HAS_RES:
+        r_off = _row_offsets(row, r_inner, r_so, r_si)
         v += tl.load(r_ptr + r_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         total = v.to(s_ptr.dtype.element_ty)
         tl.store(s_ptr + out_off, total, mask=mask)
@@ -114,8 +115,8 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                    CHUNK: tl.constexpr, SAMPLE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_start = _row_offsets(row, x_inner, x_so, x_si)
-    r_start = _row_offsets(row, r_inner, r_so, r_si)
     x_row = x_ptr + x_start
+    r_start = _row_offsets(row, r_inner, r_so, r_si)
     r_row = r_ptr + r_start
     y_row = y_ptr + row * n
     s_row = s_ptr + row * n
