@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ...runtime import dispatch
+from ...runtime import dispatch, plans
 from . import reference
 from .problem import OPS, PLANS, NormCall, prepare, signature
 
@@ -43,12 +43,14 @@ def _problem_builder(op: str):
 
 
 def _run(op: str, x, residual, weight, bias, eps):
-    sig = signature(op, x, residual, weight, bias)
-    plan = PLANS.get(sig)
-    if plan is not None:
-        out = plan(x, residual, weight, bias, eps)
-        if out is not None:
-            return out
+    sig = None
+    if plans.enabled():
+        sig = signature(op, x, residual, weight, bias)
+        plan = PLANS.get(sig)
+        if plan is not None:
+            out = plan(x, residual, weight, bias, eps)
+            if out is not None:
+                return out
     call = prepare(op, x, residual, weight, bias, eps)
     call.signature = sig
     if call.problem.rows == 0:
