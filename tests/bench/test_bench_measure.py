@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
+
 import torch
 
 from opforge.bench.impls import configure_dynamo
@@ -130,3 +133,30 @@ def test_dynamo_never_silently_falls_back():
     assert getattr(cfg, "recompile_limit", getattr(cfg, "cache_size_limit", 0)) >= 1024
     if hasattr(cfg, "fail_on_recompile_limit_hit"):
         assert cfg.fail_on_recompile_limit_hit is True
+
+
+def test_wall_time_suites_interleave_rounds_over_implementations(tiny_timing, cpu, monkeypatch):
+    _scale_op()
+    register_suite(Suite(
+        name="test_wall_suite", description="harness self-test, wall time", metric="wall_us",
+        entries=[SuiteEntry("test_scale", ((4, 32),), (torch.float32,))], impls=("opforge", "torch", "liger"),
+    ))
+    order = []
+    fake_times = iter(range(1, 1000))
+
+    def fake_wall(self, fn, args, calls):
+        order.append(id(fn))
+        return float(next(fake_times))
+    monkeypatch.setattr(Clock, "wall_per_call", fake_wall)
+    timing = dataclasses.replace(tiny_timing, wall_rounds=4, wall_loops=1)
+    run = Runner(RunOptions(device=cpu, suites=["test_wall_suite"], timing=timing)).run()
+    res = run.suites[0].cases[0].results
+    assert res["liger"].status == WRONG and res["liger"].wall_us is not None  # timed alone, not in the rounds
+    # one sequential loop each (opforge, torch, liger: times 1, 2, 3), then 4 rounds of the two
+    # correct ones, starting with a different one each round: (4, 5), (6, 7), (8, 9), (10, 11)
+    assert len(order) == 3 + 2 * 4
+    fns = order[3:]
+    assert fns[0] == fns[3] == fns[4] == fns[7] and fns[1] == fns[2] == fns[5] == fns[6] and fns[0] != fns[1]
+    assert res["opforge"].wall_us == statistics.median([4, 7, 8, 11])
+    assert res["torch"].wall_us == statistics.median([5, 6, 9, 10])
+    assert res["liger"].wall_us == 3

@@ -30,7 +30,8 @@ class ImplResult:
     kernel), ``wrong`` (ran, but its output failed the float64 oracle: shown, never
     ranked), ``error`` (raised) or ``skipped`` (time budget). Times are microseconds per
     call: ``gpu_us`` is the median event-timed device time, ``wall_us`` the host wall
-    time per call of a synchronized loop. ``first_call_s`` is the first call's wall
+    time per call of a synchronized loop (in wall-time suites, the median over rounds that
+    take every implementation in turn, so host noise falls on all alike). ``first_call_s`` is the first call's wall
     time (compilation included); ``compile_s`` repeats it for torch.compile.
     """
 

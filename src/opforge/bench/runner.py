@@ -14,7 +14,7 @@ import statistics
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -24,6 +24,7 @@ from opforge.bench.progress import Progress
 from opforge.bench.results import (
     ABSENT,
     ERROR,
+    OK,
     SKIPPED,
     WRONG,
     CaseResult,
@@ -57,6 +58,15 @@ from opforge.bench.verify import as_outputs, compare, tolerance, upcast
 
 #: How many input sets the CPU implementation rotates over at most (copies are slow).
 CPU_MAX_BUFFERS = 8
+
+
+class _Timed(NamedTuple):
+    """What the interleaved wall-time rounds need to call one implementation again."""
+
+    fn: Callable[..., Any]
+    args: list
+    clock: Clock
+    calls: int
 
 
 class UsageError(ValueError):
@@ -269,13 +279,17 @@ class Runner:
                 refs[key] = tuple(t.to(device) for t in refs["home"])
             return refs[key]
 
+        timed: dict[str, _Timed] = {}
         for impl in impls:
             self.progress.step(f"{suite.name} {case.label} {impl}")
             if self._out_of_time():
                 case.results[impl] = ImplResult(impl, SKIPPED, "time budget (--max-seconds) spent")
             else:
-                case.results[impl] = self._run_impl(op, shape, dtype, impl, sets, reference, case.bytes)
+                case.results[impl] = self._run_impl(op, shape, dtype, impl, sets, reference, case.bytes, timed)
             self.progress.advance()
+        if suite.metric == "wall_us" and self.cfg.wall_rounds > 0 and len(timed) > 1:
+            self._interleaved_wall(case, timed)
+        del timed
         case.fill_speedups(suite.metric)
         del sets, refs
         if self.device.type == "cuda" and case.bytes > (1 << 30):
@@ -290,7 +304,10 @@ class Runner:
         return factory(BuildContext(op.name, shape, dtype, device))
 
     def _run_impl(self, op: OpSpec, shape: Shape, dtype: torch.dtype, impl: str, sets: list[Inputs],
-                  reference: Callable[[torch.device], tuple[torch.Tensor, ...]], nbytes: int) -> ImplResult:
+                  reference: Callable[[torch.device], tuple[torch.Tensor, ...]], nbytes: int,
+                  timed: dict[str, "_Timed"]) -> ImplResult:
+        """Build, check and time one implementation; a correct one timed on the benchmark device is
+        left in ``timed`` for the interleaved wall-time rounds."""
         on_cpu = impl == CPU
         if on_cpu and self.device.type == "cpu":
             return ImplResult(impl, ABSENT, "the benchmark device is the CPU itself")
@@ -323,6 +340,8 @@ class Runner:
                 if device.type != "cpu" and r.backend and r.backend.split("/")[0] == "torch":
                     r.reason = f"opforge ran its torch path on {device.type} ({r.backend})"
             self._time(fn, args, clock, r, on_cpu)
+            if r.status == OK and not on_cpu and r.calls:
+                timed[impl] = _Timed(fn, args, clock, r.calls)
         except Exception as exc:
             r.status, r.reason = ERROR, _why(exc)
             if self.device.type == "cuda":
@@ -356,6 +375,19 @@ class Runner:
         reps = clamp_reps(min(one, r.wall_us), cfg.gpu_target_ms, cfg.gpu_reps_min, cfg.gpu_reps_max)
         r.gpu_us_p20, r.gpu_us, r.gpu_us_p80 = quantiles(clock.device_times(fn, args, reps, r.wall_us))
         r.reps = reps
+
+    def _interleaved_wall(self, case: CaseResult, timed: dict[str, "_Timed"]) -> None:
+        """Wall time per call again, in rounds that take every implementation in turn (starting
+        with a different one each round), so host noise lands on all of them alike; each
+        implementation's median over the rounds replaces its own loops' figure."""
+        names = list(timed)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for k in range(self.cfg.wall_rounds):
+            for name in names[k % len(names):] + names[:k % len(names)]:
+                t = timed[name]
+                samples[name].append(t.clock.wall_per_call(t.fn, t.args, t.calls))
+        for name, values in samples.items():
+            case.results[name].wall_us = statistics.median(values)
 
     # -- chains -----------------------------------------------------------------------
     def _run_chain(self, suite: Suite, op: OpSpec, shape: Shape, dtype: torch.dtype, impl: str) -> ChainResult:

@@ -41,6 +41,7 @@ class TimingConfig:
     wall_calls_min: int = 20
     wall_calls_max: int = 400
     wall_target_ms: float = 8.0
+    wall_rounds: int = 7          # wall-time suites: interleaved rounds over all implementations
     cpu_reps_min: int = 3
     cpu_reps_max: int = 15
     cpu_target_ms: float = 40.0
@@ -54,7 +55,7 @@ class TimingConfig:
         """Few reps: for smoke tests and CPU runs, not for published numbers."""
         return cls(
             warmup=1, gpu_reps_min=3, gpu_reps_max=10, gpu_target_ms=1.0, wall_loops=1,
-            wall_calls_min=3, wall_calls_max=20, wall_target_ms=1.0, cpu_reps_min=1,
+            wall_calls_min=3, wall_calls_max=20, wall_target_ms=1.0, wall_rounds=1, cpu_reps_min=1,
             cpu_reps_max=3, cpu_target_ms=2.0, copy_mib_gpu=256, copy_mib_cpu=32,
             rotate_max_buffers=16,
         )
