@@ -23,7 +23,7 @@ from triton.testing import do_bench
 import opforge
 from opforge.ops.norm import cases, triton_kernels as tk
 from opforge.ops.norm.problem import prepare
-from opforge.runtime import plans
+from opforge.runtime import launch, plans
 from opforge.runtime.device import measure_copy_bandwidth
 from opforge.runtime.launch import cdiv
 from opforge.testing import TOLERANCE, max_rel_error
@@ -92,13 +92,22 @@ def overhead(results: dict) -> None:
                 print("  floor not measured: no compiled kernel under the expected key")
             plans.set_enabled(True)
             with_plans = wall_us(fns)
+            direct = launch.c_launch(tk._tile._compiled[key][2]) is not None if go is not None else None
+            real_c_launch = launch.c_launch
+            launch.c_launch = lambda run: None  # plans through Triton's Python wrapper
+            plans.set_enabled(True)
+            wrapped = wall_us({k: v for k, v in fns.items() if k.startswith("opforge")})
+            launch.c_launch = real_c_launch
             plans.set_enabled(False)
             without = wall_us({k: v for k, v in fns.items() if k.startswith("opforge")})
-            row = {"shape": list(shape), "dtype": str(dtype), "plans": with_plans, "no_plans": without}
+            row = {"shape": list(shape), "dtype": str(dtype), "plans": with_plans, "plans_via_wrapper": wrapped,
+                   "no_plans": without, "c_launch_active": direct}
             results["overhead"].append(row)
             line = "  ".join(f"{k} {v:5.1f}" for k, v in with_plans.items())
             line2 = "  ".join(f"{k} {v:5.1f}" for k, v in without.items())
-            print(f"{str(shape):14s} {str(dtype)[6:]:9s} {line}\n{'':24s} without plans: {line2}", flush=True)
+            line3 = "  ".join(f"{k} {v:5.1f}" for k, v in wrapped.items())
+            print(f"{str(shape):14s} {str(dtype)[6:]:9s} {line}  (C launch direct: {direct})\n"
+                  f"{'':24s} plans via Triton's wrapper: {line3}\n{'':24s} without plans: {line2}", flush=True)
 
 
 def launch_with(call, variant: str, sample: int, loop=None):

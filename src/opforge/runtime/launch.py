@@ -10,6 +10,8 @@ directly. The first call of each key goes through Triton's own path, which compi
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from typing import Any, Callable, Optional, Sequence
 
@@ -156,7 +158,10 @@ class TritonLauncher:
 
     def raw_launcher(self, key: tuple) -> Optional[Callable[[int, Sequence[Any], int], bool]]:
         """``go(grid_x, raw_args, device_index) -> bool``: ``launch_raw`` on a 1-D grid, bound to the
-        binary compiled under ``key`` (what a launch plan keeps), or None if there is none yet."""
+        binary compiled under ``key`` (what a launch plan keeps), or None if there is none yet.
+
+        Where this Triton's launcher wrapper is one whose work is known to be nothing for this
+        kernel (see ``c_launch``), ``go`` calls the C launch function underneath it directly."""
         if self.interpreted or _CHECK_KEYS:
             return None
         compiled = self._compiled.get(key)
@@ -164,13 +169,21 @@ class TritonLauncher:
             return None
         function, packed, run, _ = compiled
         direct_ok, stream = self._direct_ok, self._stream
+        c_call = c_launch(run)
+        if c_call is not None:
+            def go(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
+                if not direct_ok(device_index):
+                    return False
+                c_call(grid_x, 1, 1, stream(device_index), function, packed, None, None, None, *raw_args)
+                return True
+            return go
 
-        def go(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
+        def go_wrapped(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
             if not direct_ok(device_index):
                 return False
             run(grid_x, 1, 1, stream(device_index), function, packed, None, None, None, *raw_args)
             return True
-        return go
+        return go_wrapped
 
     def _direct_ok(self, device_index: int) -> bool:
         """A direct launch needs the tensors' device current and no profiler launch hooks."""
@@ -187,3 +200,38 @@ class TritonLauncher:
             return (compiled.function, compiled.packed_metadata, compiled.run, tensor_positions)
         except (ImportError, AttributeError):
             return False
+
+
+# Triton 3.4-3.6's CudaLauncher.__call__ (its body, whitespace collapsed) ends in this call; before
+# it, it only allocates global and profile scratch buffers when their sizes are non-zero.
+_KNOWN_WRAPPER_SIGNATURE = "def __call__(self, gridX, gridY, gridZ, stream, function, *args):"
+_KNOWN_WRAPPER_CALL = ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
+                       "self.launch_pdl, global_scratch, profile_scratch, *args)")
+
+
+def c_launch(run: Any) -> Optional[Callable[..., None]]:
+    """For a compiled kernel's launcher ``run``, a function taking ``run``'s own arguments that
+    skips its Python wrapper and calls the C launch function, or None.
+
+    Only where the wrapper is the known one (checked on its source) and the kernel needs no
+    scratch buffers, so that the wrapper would pass None, None: it then saves the wrapper's
+    ~1 us of Python (two closures, attribute lookups) per launch.
+    """
+    launch = getattr(run, "launch", None)
+    if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1) \
+            or not _known_wrapper(type(run)):
+        return None
+    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+    def call(gx: int, gy: int, gz: int, stream: int, function: Any, *args: Any) -> None:
+        launch(gx, gy, gz, stream, function, coop, pdl, None, None, *args)
+    return call
+
+
+@functools.lru_cache(maxsize=None)
+def _known_wrapper(cls: type) -> bool:
+    try:
+        source = " ".join(inspect.getsource(cls.__call__).split())
+    except (OSError, TypeError):
+        return False
+    return source.startswith(_KNOWN_WRAPPER_SIGNATURE) and _KNOWN_WRAPPER_CALL in source

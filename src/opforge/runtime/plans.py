@@ -68,6 +68,9 @@ class PlanCache:
             self._plans.clear()
         self._plans[signature] = (backend, plan)
 
+    def __contains__(self, signature: Hashable) -> bool:
+        return signature in self._plans
+
     def clear(self) -> None:
         self._plans.clear()
 

@@ -279,6 +279,8 @@ def _launch(launcher: TritonLauncher, call: NormCall, config: tuple, grid: tuple
 def _offer_plan(launcher: TritonLauncher, key: tuple, call: NormCall, grid_x: int, tail: tuple, index: int) -> None:
     """Leave a plan that repeats this launch for calls of the same signature (packed x, residual,
     weight and bias; the pointers and eps change per call)."""
+    if call.signature in PLANS:  # one declined this call (another current device, say)
+        return
     go = launcher.raw_launcher(key)
     if go is None:
         return
