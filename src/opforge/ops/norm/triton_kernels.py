@@ -97,8 +97,14 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
         if SAMPLE > 0:
             if tl.max(d_sq - var * SHIFT_FAR, axis=0) > 0.0:
                 # A row's shift was far from its mean (an odd prefix), so d_sq - d_mean^2 cancelled:
-                # take the variance around the mean itself for this tile, in one more round.
-                dev = tl.where(mask, d - d_mean[:, None], 0.0)
+                # take the variance around the mean itself for this tile, in one more round over
+                # the rows read again (from cache: keeping d live across the branch costs registers).
+                if HAS_RES:
+                    tl.debug_barrier()
+                    again = tl.load(s_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    again = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                dev = tl.where(mask, (again - shift[:, None]) - d_mean[:, None], 0.0)
                 var = tl.sum(dev * dev, axis=1) / n
         y = (d - d_mean[:, None]) * tl.rsqrt(var + eps)[:, None]
     if HAS_W:
