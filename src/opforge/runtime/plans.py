@@ -79,7 +79,12 @@ class PlanCache:
 
 
 def enabled() -> bool:
-    """Whether calls leave plans (``OPFORGE_PLANS=1``; never while launch keys are checked)."""
+    """Whether calls leave plans (``OPFORGE_PLANS=1``; never while launch keys are checked).
+
+    Example:
+        >>> isinstance(enabled(), bool)
+        True
+    """
     return _enabled
 
 
@@ -99,6 +104,10 @@ def set_enabled(flag: bool) -> bool:
 
 
 def clear_all() -> None:
-    """Forget every family's plans (with the registry's cached choices)."""
+    """Forget every family's plans (``registry.clear_cache()`` calls it).
+
+    Example:
+        >>> clear_all()
+    """
     for cache in _caches:
         cache.clear()

@@ -68,7 +68,16 @@ PLANS = PlanCache()
 def signature(op: str, x: object, residual: object, weight: object, bias: object) -> Optional[tuple]:
     """What a launch plan of this call depends on: op, x's shape, dtype and device, and the
     residual's, weight's and bias's; None unless every tensor given is packed (a plan passes only
-    pointers), or for arguments that are not tensors (the general path reports those)."""
+    pointers), or for arguments that are not tensors (the general path reports those).
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(4, 64)
+        >>> signature("rms_norm", x, None, None, None) == ("rms_norm", x.shape, x.dtype, x.device, None, None, None)
+        True
+        >>> signature("rms_norm", x.t(), None, None, None) is None
+        True
+    """
     try:
         if not x.is_contiguous():
             return None
