@@ -45,6 +45,20 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+I32_MAX = _I32_MAX
+
+
+def int_spec(v: int) -> int:
+    """Triton's specialization class of an integer argument, as one small int for launch keys:
+    equal to 1, divisible by 16, beyond int32.
+
+    Example:
+        >>> int_spec(1), int_spec(32), int_spec(7), int_spec(2**32)
+        (1, 2, 0, 6)
+    """
+    return (v == 1) | (((v & 15) == 0) << 1) | ((v > _I32_MAX) << 2)
+
+
 def _spec_tensor(t: torch.Tensor) -> tuple:
     return (t.dtype, t.data_ptr() & 15 == 0)
 

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import GATED, ActivationCall, ActivationProblem
 
 BLOCK = {2: 4096, 4: 2048}     # per element size: elements per program (8 KiB)
@@ -109,14 +109,6 @@ def _addressing(r) -> tuple[int, int, int]:
     return r.inner, r.stride_outer, r.stride_inner
 
 
-_I32_MAX = 2**31 - 1
-
-
-def _spec(v: int) -> int:
-    """Triton's specialization of an integer argument: equal to 1, divisible by 16, beyond int32."""
-    return (v == 1) | (((v & 15) == 0) << 1) | ((v > _I32_MAX) << 2)
-
-
 def launch_pointwise(call: ActivationCall, block: Optional[int] = None, num_warps: Optional[int] = None):
     """Run the pointwise kernel; ``block`` and ``num_warps`` override the configuration (for tuning)."""
     p = call.problem
@@ -143,8 +135,8 @@ def launch_pointwise(call: ActivationCall, block: Optional[int] = None, num_warp
     act = _act_code(p.op, p.approximate)
     wide = n + block >= 2**31
     # The output is fresh (16-byte aligned); every other argument's specialization is keyed.
-    key = (x.dtype, x.get_device(), x.data_ptr() & 15, u.data_ptr() & 15, _spec(n), _spec(blocks),
-           xa if rows == 1 else tuple(map(_spec, xa + ua)), act, p.gated, block, wide, num_warps)
+    key = (x.dtype, x.get_device(), x.data_ptr() & 15, u.data_ptr() & 15, int_spec(n), int_spec(blocks),
+           xa if rows == 1 else tuple(map(int_spec, xa + ua)), act, p.gated, block, wide, num_warps)
     _pointwise((rows * blocks,), (x, u, y, n, blocks, *xa, *ua, act, p.gated, block, wide),
                num_warps=num_warps, key=key)
     return y

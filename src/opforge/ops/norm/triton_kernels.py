@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, next_power_of_2
 from .problem import PLANS, NormCall, NormProblem
 
 MULTIROW_MAX_N = 1024
@@ -237,7 +237,6 @@ def looped_config(n: int) -> tuple[int, int]:
     return chunk, max(4, min(32, chunk // 512))
 
 
-_I32_MAX = 2**31 - 1
 _INF = float("inf")
 
 
@@ -266,7 +265,7 @@ def _launch(launcher: TritonLauncher, call: NormCall, config: tuple, grid: tuple
     # The key fixes Triton's specialization: all pointers 16-byte aligned, no integer equal to 1
     # or beyond int32, each stride's divisibility by 16 (rows and inner are not specialized).
     if not ((xp | rp | wp | bp) & 15 or p.n == 1
-            or max(x.stride_outer, x.stride_inner, r.stride_outer, r.stride_inner) > _I32_MAX):
+            or max(x.stride_outer, x.stride_inner, r.stride_outer, r.stride_inner) > I32_MAX):
         index = xt.device.index
         key = (config, constexprs, p.op, p.key, index, x.stride_outer & 15, x.stride_inner & 15, r.stride_outer & 15,
                r.stride_inner & 15)

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import MAX_ROWS, SoftmaxCall, SoftmaxProblem
 
 MULTIROW_MAX_N = 1024
@@ -275,14 +275,6 @@ def _x_args(call: SoftmaxCall) -> tuple:
     return x.tensor, x.inner, x.stride_outer, x.stride_inner
 
 
-_I32_MAX = 2**31 - 1
-
-
-def _spec(v: int) -> int:
-    """Triton's specialization of an integer argument: equal to 1, divisible by 16, beyond int32."""
-    return (v == 1) | (((v & 15) == 0) << 1) | ((v > _I32_MAX) << 2)
-
-
 def _key(x: torch.Tensor, *ints_and_config) -> tuple:
     """A launch key that fixes Triton's specialization of (x, a fresh output, ints, constexprs).
 
@@ -297,8 +289,8 @@ def launch_tile(call: SoftmaxCall, block_m: int, block_n: int, num_warps: int) -
     p = call.problem
     x, inner, so, si = _x_args(call)
     y = alloc.empty_packed_like(x)
-    key = _key(x, _spec(p.rows), _spec(p.n), _spec(inner), _spec(so), _spec(si), p.is_log, block_m, block_n,
-               num_warps)
+    key = _key(x, int_spec(p.rows), int_spec(p.n), int_spec(inner), int_spec(so), int_spec(si), p.is_log,
+               block_m, block_n, num_warps)
     _tile((cdiv(p.rows, block_m),), (x, y, p.rows, p.n, inner, so, si, p.is_log, block_m, block_n),
           num_warps=num_warps, key=key)
     return call.finish(y)
@@ -331,8 +323,8 @@ def launch_looped(call: SoftmaxCall, chunk: Optional[int] = None, num_warps: Opt
     num_warps = num_warps or min(default_warps, max(1, chunk // 1024))
     r, c = tile_shape(chunk, num_warps, x.element_size(), cols)
     programs = min(p.rows, _sms(x) * (ctas_per_sm or LOOP_CTAS_PER_SM))
-    key = _key(x, _spec(p.rows), _spec(p.n), _spec(inner), _spec(so), _spec(si), p.is_log, r, c, hints, prefetch,
-               num_warps, num_stages)
+    key = _key(x, int_spec(p.rows), int_spec(p.n), int_spec(inner), int_spec(so), int_spec(si), p.is_log,
+               r, c, hints, prefetch, num_warps, num_stages)
     _looped((programs,), (x, y, p.rows, p.n, inner, so, si, p.is_log, r, c, hints, prefetch),
             num_warps=num_warps, num_stages=num_stages, key=key)
     return call.finish(y)
@@ -353,7 +345,7 @@ def launch_split(call: SoftmaxCall, chunk: int = SPLIT_CHUNK, num_warps: Optiona
     r, c = tile_shape(chunk, num_warps, x.element_size(), cols)
     ws = torch.empty(p.rows * splits * 2, dtype=torch.float32, device=x.device)
     grid = (p.rows * splits,)
-    ints = (_spec(p.n), _spec(splits), _spec(seg), _spec(inner), _spec(so), _spec(si))
+    ints = (int_spec(p.n), int_spec(splits), int_spec(seg), int_spec(inner), int_spec(so), int_spec(si))
     _split_stats(grid, (x, ws, p.n, splits, seg, inner, so, si, r, c, prefetch), num_warps=num_warps,
                  key=_key(x, *ints, r, c, prefetch, num_warps))
     parts = max(2, next_power_of_2(splits))
