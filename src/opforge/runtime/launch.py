@@ -183,21 +183,14 @@ class TritonLauncher:
             return None
         function, packed, run, _ = compiled
         direct_ok, stream = self._direct_ok, self._stream
-        c_call = c_launch(run)
-        if c_call is not None:
-            def go(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
-                if not direct_ok(device_index):
-                    return False
-                c_call(grid_x, 1, 1, stream(device_index), function, packed, None, None, None, *raw_args)
-                return True
-            return go
+        call = c_launch(run) or run  # both take run's arguments
 
-        def go_wrapped(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
+        def go(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
             if not direct_ok(device_index):
                 return False
-            run(grid_x, 1, 1, stream(device_index), function, packed, None, None, None, *raw_args)
+            call(grid_x, 1, 1, stream(device_index), function, packed, None, None, None, *raw_args)
             return True
-        return go_wrapped
+        return go
 
     def _direct_ok(self, device_index: int) -> bool:
         """A direct launch needs the tensors' device current and no profiler launch hooks."""

@@ -74,9 +74,6 @@ class PlanCache:
     def clear(self) -> None:
         self._plans.clear()
 
-    def __len__(self) -> int:
-        return len(self._plans)
-
 
 def enabled() -> bool:
     """Whether calls leave plans (``OPFORGE_PLANS=1``; never while launch keys are checked).

@@ -269,13 +269,9 @@ def _launch(launcher: TritonLauncher, call: NormCall, config: tuple, grid: tuple
         index = xt.device.index
         key = (config, constexprs, p.op, p.key, index, x.stride_outer & 15, x.stride_inner & 15, r.stride_outer & 15,
                r.stride_inner & 15)
-        launched = launcher.launch_raw(key, grid, (xp, rp, yp, sp, wp, bp) + tail, warps, index)
-        if call.signature is not None:
-            _offer_plan(launcher, key, call, grid[0], tail, index)
-        if launched:
-            return (y, s) if s is not None else y
-    launcher(grid, (xt, r.tensor, y, s if s is not None else y, w if w is not None else y,
-                    b if b is not None else y) + tail, num_warps=warps, key=key)
+    if key is None or not launcher.launch_raw(key, grid, (xp, rp, yp, sp, wp, bp) + tail, warps, index):
+        launcher(grid, (xt, r.tensor, y, s if s is not None else y, w if w is not None else y,
+                        b if b is not None else y) + tail, num_warps=warps, key=key)
     if key is not None and call.signature is not None:
         _offer_plan(launcher, key, call, grid[0], tail, index)
     return (y, s) if s is not None else y
