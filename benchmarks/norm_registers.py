@@ -25,7 +25,9 @@ INTS = ("rows", "n", "x_inner", "x_so", "x_si", "r_inner", "r_so", "r_si")
 ALIGNED = POINTERS + ("n", "x_so", "x_si", "r_so", "r_si")
 
 
-def registers(kernel, consts: dict, dtype: str, warps: int) -> str:
+def compile_ptx(kernel, consts: dict, dtype: str, warps: int) -> str:
+    """The sm_90 PTX of a norm kernel (``tk._tile_kernel`` or ``tk._looped_kernel``) for ``dtype``
+    ("bf16", "fp16", "fp32") with the given constexprs, specialized as a launch of packed rows is."""
     sig = {a: "*" + dtype for a in POINTERS}
     sig.update({a: "i32" for a in INTS})
     sig["eps"] = "fp32"
@@ -33,10 +35,14 @@ def registers(kernel, consts: dict, dtype: str, warps: int) -> str:
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in ALIGNED}
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return compiled.asm["ptx"]
+
+
+def registers(kernel, consts: dict, dtype: str, warps: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "k.ptx")
         with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
+            f.write(compile_ptx(kernel, consts, dtype, warps))
         report = subprocess.run([PTXAS, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
                                 capture_output=True, text=True).stderr
     used = re.search(r"Used (\d+) registers", report)

@@ -1,8 +1,9 @@
 """Do two source trees compile the norm kernels to the same PTX instructions? No GPU needed.
 
 A change meant to leave the default kernels alone (a new constexpr path that is off by default,
-say) can be checked without a GPU: compile both trees' kernels for sm_90 and compare the PTX,
-ignoring debug information (file paths, line tables) and register numbering of names.
+say) can be checked without a GPU: compile both trees' kernels for sm_90 as a launch of packed
+rows specializes them (``norm_registers.compile_ptx``) and compare the PTX, ignoring debug
+information (file paths, line tables).
 
     git worktree add /tmp/before <commit>
     python benchmarks/ptx_unchanged.py /tmp/before . [--extra SAMPLE=0]
@@ -13,17 +14,16 @@ Exit code 0 when every compiled variant has the same instructions, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
 
 CHILD = r'''
-import importlib, json, re, sys
-sys.path.insert(0, sys.argv[1] + "/src")
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-tk = importlib.import_module("opforge.ops.norm.triton_kernels")
+import json, os, sys
+sys.path.insert(0, sys.argv[1] + "/src")              # that tree's opforge
+sys.path.insert(0, sys.argv[3])                       # this tree's benchmarks/, for compile_ptx
+from norm_registers import compile_ptx, tk
 extra = json.loads(sys.argv[2])
 out = {}
 for name, consts in [("_tile_kernel", dict(BLOCK_M=1, BLOCK_N=4096)), ("_tile_kernel", dict(BLOCK_M=16, BLOCK_N=128)),
@@ -32,13 +32,7 @@ for name, consts in [("_tile_kernel", dict(BLOCK_M=1, BLOCK_N=4096)), ("_tile_ke
         for rms in (False, True):
             for res in (False, True):
                 c = dict(IS_RMS=rms, HAS_RES=res, HAS_W=True, HAS_B=not rms, **consts, **extra)
-                sig = {a: "*" + dt for a in ("x_ptr", "r_ptr", "y_ptr", "s_ptr", "w_ptr", "b_ptr")}
-                sig.update({a: "i32" for a in ("rows", "n", "x_inner", "x_so", "x_si", "r_inner", "r_so", "r_si")})
-                sig["eps"] = "fp32"
-                sig.update({k: "constexpr" for k in c})
-                kernel = triton.compile(ASTSource(getattr(tk, name), sig, constexprs=c),
-                                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-                out[f"{name} {consts} {dt} rms={rms} residual={res}"] = kernel.asm["ptx"]
+                out[f"{name} {consts} {dt} rms={rms} residual={res}"] = compile_ptx(getattr(tk, name), c, dt, 8)
 json.dump(out, sys.stdout)
 '''
 
@@ -56,7 +50,8 @@ def instructions(ptx: str) -> list[str]:
 
 def compile_tree(tree: str, extra: dict) -> dict:
     import json
-    done = subprocess.run([sys.executable, "-c", CHILD, tree, json.dumps(extra)], check=True,
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", CHILD, tree, json.dumps(extra), here], check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout)
 
