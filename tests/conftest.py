@@ -39,6 +39,24 @@ def pytest_configure(config):
     """Hypothesis draws its examples from the run seed too (unless --hypothesis-seed is given)."""
     if getattr(config.option, "hypothesis_seed", "absent") is None:
         config.option.hypothesis_seed = RUN_SEED
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "emulator: runs Metal kernels in the MSL emulator on the CPU; a GPU adds "
+                                       "nothing, so scripts/gpu_test.sh leaves these out (-m 'not emulator')")
+
+
+#: Test files that exercise the MSL emulator only (tests/metal, except the real-MPS tests).
+_EMULATOR_ONLY = ("tests/metal/", "tests/fusion/test_metal_emulated.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark emulator-only tests ``emulator``; skip ``gpu`` tests where there is no CUDA GPU."""
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if path.startswith(_EMULATOR_ONLY) and not path.endswith("test_mps.py"):
+            item.add_marker(pytest.mark.emulator)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
 
 
 def pytest_report_header():

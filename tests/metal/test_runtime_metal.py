@@ -1,4 +1,6 @@
 """opforge.runtime.metal: compiling once per process, and finding the emulator."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -82,6 +84,10 @@ def test_a_fresh_process_finds_the_emulator_in_the_checkout(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "OPFORGE_METAL_EMULATOR"}
     env["OPFORGE_METAL_EMULATE"] = "1"
+    # The child runs in tmp_path: a relative PYTHONPATH (PYTHONPATH=src) would not find opforge there,
+    # so hand it the absolute folder this opforge was imported from.
+    src = str(Path(opforge.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src] + [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
