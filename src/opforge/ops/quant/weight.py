@@ -292,7 +292,8 @@ def quantize_weight(w: torch.Tensor, bits: int = 4, group_size: int = 128, symme
         >>> qw = opforge.quantize_weight(w, bits=4, group_size=128)
         >>> qw
         QuantizedWeight(int4, (64, 256), group_size=128, asymmetric, scales=float16, 8704 bytes, cpu)
-        >>> bool(((qw.dequantize() - w).abs() <= qw.scales.float().repeat_interleave(128, 1) / 2 + 1e-6).all())
+        >>> err = (qw.dequantize() - w).norm() / w.norm()    # about 0.1 for int4 g128 on Gaussian weights
+        >>> bool(err < 0.15)
         True
     """
     bits = check_bits(bits)
