@@ -180,12 +180,16 @@ class QuantizedWeight:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors and ints: ``qweight`` (the packed codes), ``scales`` (N, K/group), ``zeros``
-        (only if asymmetric), ``bits``, ``group_size``, ``out_features``, ``in_features``."""
-        d: dict[str, Any] = {"qweight": self.packed, "scales": self.scales, "bits": self.bits,
+        (only if asymmetric), ``bits``, ``group_size``, ``out_features``, ``in_features``.
+
+        The tensors are contiguous (scales and zeros are copied out of their transposed storage),
+        so ``safetensors`` can save them; ints must become 0-d tensors there, which
+        ``from_state_dict`` accepts back."""
+        d: dict[str, Any] = {"qweight": self.packed, "scales": self.scales.contiguous(), "bits": self.bits,
                              "group_size": self.group_size, "out_features": self.shape[0],
                              "in_features": self.shape[1]}
         if self.zeros_t is not None:
-            d["zeros"] = self.zeros
+            d["zeros"] = self.zeros.contiguous()
         return d
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
