@@ -4,6 +4,7 @@ torch's own weight-only int4 (tinygemm) and int8 kernels.
 Run on the GPU machine (well under 120 s on an H100):
 
     PYTHONPATH=src python3 benchmarks/gpu_check_quant.py [--budget SECONDS] [--out DIR]
+    PYTHONPATH=src python3 benchmarks/gpu_check_quant.py --sweep         # tile configs, for tuning
     PYTHONPATH=src python3 benchmarks/gpu_check_quant.py --cpu-smoke     # tiny shapes, interpreter
 
 1. Correctness: every variant (decode M <= 16, prefill M > 16) for int4/int8, group 32/128/-1,
@@ -221,6 +222,62 @@ def time_shape(bench: Bench, n: int, k: int, ms: list, copy_gbs: float, results:
     del w, q4, q8c, q8g, peers
 
 
+SWEEP = {
+    1: [(1, 32, 256, False, 4, 3), (1, 64, 256, False, 4, 3), (1, 64, 128, False, 4, 3), (1, 128, 128, False, 4, 3),
+        (1, 32, 512, False, 4, 3), (1, 16, 512, False, 2, 3), (1, 64, 512, False, 8, 3), (1, 128, 256, False, 8, 3),
+        (16, 64, 128, True, 4, 3), (16, 128, 128, True, 4, 4)],
+    16: [(16, 32, 128, True, 4, 3), (16, 64, 128, True, 4, 3), (16, 128, 128, True, 4, 3), (16, 64, 128, True, 4, 4),
+         (16, 128, 128, True, 8, 3), (16, 256, 128, True, 8, 3), (16, 64, 64, True, 4, 4)],
+    64: [(64, 128, 64, True, 4, 3), (64, 128, 128, True, 4, 3), (32, 128, 128, True, 4, 3), (64, 64, 128, True, 4, 3),
+         (64, 256, 64, True, 8, 3), (16, 128, 128, True, 4, 3)],
+    4096: [(128, 128, 64, True, 8, 3), (128, 256, 64, True, 8, 3), (128, 128, 128, True, 8, 3),
+           (64, 128, 128, True, 4, 4), (128, 128, 64, True, 4, 4), (64, 256, 64, True, 8, 4)],
+}
+
+
+def sweep(bench: Bench, results: dict) -> None:
+    """Time alternative tile configs (and split targets) of int4 g128 on two shapes, to set the defaults."""
+    from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
+    smoke = bench.device == "cpu"
+    for n, k in [(64, 256)] if smoke else [(4096, 4096), (28672, 8192)]:
+        w = torch.randn(n, k, device=bench.device, dtype=torch.bfloat16) * 0.02
+        q4 = opforge.quantize_weight(w, 4, 128)
+        x1 = torch.randn(1, k, device=bench.device, dtype=torch.bfloat16)
+        base = bench.ms(lambda: F.linear(x1, w))
+        for m, configs in SWEEP.items():
+            if smoke:
+                if m > 64:
+                    continue
+                configs = configs[:2]
+            x = torch.randn(m, k, device=bench.device, dtype=torch.bfloat16)
+            call = qproblem.prepare(x, q4, None)
+            default = qtk.tile_config(call.problem)
+            ref = oracle(x, q4) if m <= 64 else None
+            for cfg in configs:
+                for pps in ((2, 4, 8) if m <= 16 else (4,)):
+                    if bench.left() < 5:
+                        results["skipped"].append(f"sweep {n}x{k} M={m} {cfg}")
+                        continue
+                    row: dict[str, Any] = dict(shape=[n, k], m=m, config=list(cfg), programs_per_sm=pps,
+                                               default=(cfg == default and pps == qtk.PROGRAMS_PER_SM))
+                    try:
+                        fn = (lambda: qtk.launch_config(call, cfg, pps))
+                        y = fn()
+                        if ref is not None:
+                            row["err"] = rel_error(y, ref)
+                        row["ms"] = bench.ms(fn)
+                        row["pct_copy"] = 100.0 * (q4.nbytes + x.numel() * 2 + m * n * 2) / (row["ms"] * 1e-3) / 1e9 \
+                            / results["copy_gbs"]
+                    except Exception as exc:
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                    results["sweep"].append(row)
+                    print(f"sweep {n}x{k} M={m:<5d} {str(cfg):34s} pps={pps} " +
+                          (f"{row['ms'] * 1e3:8.1f} us {row['pct_copy']:5.1f}%{' err %.1e' % row['err'] if 'err' in row else ''}"
+                           f"{'  <- default' if row['default'] else ''}" if "ms" in row else row["error"]), flush=True)
+        print(f"sweep {n}x{k}: bf16 cuBLAS M=1 {base * 1e3:.1f} us", flush=True)
+        del w, q4
+
+
 def judge_targets(results: dict) -> list[str]:
     rows = {(tuple(r["shape"]), r["m"], r["impl"]): r for r in results["timing"] if "ms" in r}
     lines = []
@@ -251,6 +308,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU through the interpreter")
     ap.add_argument("--budget", type=float, default=110.0)
+    ap.add_argument("--sweep", action="store_true", help="only the tile-config sweep (a second run, for tuning)")
     ap.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = ap.parse_args()
     device = "cpu" if args.cpu_smoke else "cuda"
@@ -260,7 +318,7 @@ def main() -> int:
     torch.manual_seed(0)
     bench = Bench(device, args.budget)
     results: dict[str, Any] = dict(device=str(opforge.device_info()), torch=torch.__version__, correctness=[],
-                                   timing=[], peer_notes={}, skipped=[])
+                                   timing=[], peer_notes={}, skipped=[], sweep=[])
     try:
         import triton
         results["triton"] = triton.__version__
@@ -269,6 +327,13 @@ def main() -> int:
     copy_gbs = measure_copy_gbs(device)
     results["copy_gbs"] = copy_gbs
     print(f"device {results['device']}, torch {torch.__version__}, copy {copy_gbs:.0f} GB/s", flush=True)
+    if args.sweep:
+        sweep(bench, results)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "quant_sweep.json"), "w") as f:
+            json.dump(results, f, indent=1, default=str)
+        print(f"wrote {os.path.join(args.out, 'quant_sweep.json')} ({elapsed():.0f} s)")
+        return 0
     print("== correctness (vs x.double() @ w.dequantize(float64).T)", flush=True)
     try:
         correctness(device, args.cpu_smoke, results)

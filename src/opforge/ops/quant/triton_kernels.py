@@ -202,16 +202,26 @@ def _pow2_le(v: int) -> int:
 
 def launch(call: LinearCall) -> torch.Tensor:
     """Run the kernel for ``call`` (either variant: the tile config tells them apart)."""
+    return launch_config(call, tile_config(call.problem))
+
+
+def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM) -> torch.Tensor:
+    """Run ``call`` with an explicit ``tile_config``-style tuple (the benchmark's sweep uses this).
+    The dot path needs BLOCK_K <= the group (checked); BLOCK_M 1 means the FMA path."""
     p = call.problem
     w = call.w
     x = call.x
-    block_m, block_n, block_k, use_dot, warps, stages = tile_config(p)
+    block_m, block_n, block_k, use_dot, warps, stages = config
+    if use_dot and block_k > w.group and w.group < p.k:
+        raise ValueError(f"the dot path needs BLOCK_K ({block_k}) <= group ({w.group})")
+    if not use_dot and block_m != 1:
+        raise ValueError("the FMA path takes BLOCK_M = 1")
     per_row = w.group_size == -1 or w.group >= p.k
     sub = block_k if per_row else min(w.group, block_k)
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
     k_steps = cdiv(p.k, block_k)
-    want = PROGRAMS_PER_SM * _sm_count(x.device.index if x.device.type == "cuda" else None)
+    want = programs_per_sm * _sm_count(x.device.index if x.device.type == "cuda" else None)
     split = max(1, min(MAX_SPLIT, k_steps, want // tiles)) if tiles < want else 1
     k_per_split = cdiv(k_steps, split) * block_k
     split = cdiv(p.k, k_per_split)
