@@ -146,3 +146,14 @@ def test_tile_configs_cover_both_paths():
     decode = tk.tile_config(LinearProblem(torch.bfloat16, 1, 4096, 4096, 4, 128, False, False, "cuda"))
     prefill = tk.tile_config(LinearProblem(torch.bfloat16, 4096, 4096, 4096, 4, 128, False, False, "cuda"))
     assert decode[3] is False and prefill[3] is True and prefill[0] == 128
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_verify_cases(backend):
+    """The cases ``opforge verify`` runs pass on both backends (quick set)."""
+    from opforge.ops.quant import cases
+    from opforge.testing import check_case
+    chosen = cases.verify_cases("cuda" if DEVICE == "cuda" else "cpu", quick=True)
+    assert len(chosen) >= 10
+    variants = {check_case(case, backend)[0].variant for case in chosen}
+    assert variants == ({"decode", "prefill"} if backend == "triton" else {"reference"})
