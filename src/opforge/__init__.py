@@ -12,6 +12,8 @@ from .fusion import FusionError, UnfusableError, fuse
 from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
 from .ops.activation import geglu, gelu, relu, silu, swiglu
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from .ops.quant import QuantizedWeight, linear, quantize_weight
+from .nn.quant import quantize_model
 from .ops.softmax import log_softmax, softmax
 from .runtime.device import DeviceInfo, device_info
 from .runtime.errors import NoKernelError
@@ -27,5 +29,6 @@ __all__ = [
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
     "fuse", "FusionError", "UnfusableError",
+    "QuantizedWeight", "quantize_weight", "linear", "quantize_model",
     "where", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "minimum", "maximum", "pow", "cast",
 ]

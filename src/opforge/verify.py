@@ -20,7 +20,8 @@ def _families():
     from .ops.activation import cases as activation_cases
     from .ops.norm import cases as norm_cases
     from .ops.softmax import cases as softmax_cases
-    return [norm_cases, softmax_cases, activation_cases]
+    from .ops.quant import cases as quant_cases
+    return [norm_cases, softmax_cases, activation_cases, quant_cases]
 
 
 def _device_type() -> str:
