@@ -145,8 +145,10 @@ def load_safetensors(
         progress: a bar on stderr (tensors, bytes, GB/s). None: only if stderr is a terminal and
             the load takes over 2 s; True: always; False: never.
         symmetric: symmetric quantization (zero = 2**(bits-1)).
-        quantize_filter: ``(name, tensor) -> bool`` choosing the weights to quantize; default:
-            2-D ``*.weight`` tensors whose names contain no ``quantize_exclude`` word nor "norm".
+        quantize_filter: ``(name, tensor) -> bool`` choosing the weights to quantize, asked
+            before the tensor is read: ``tensor`` is a "meta" tensor with the weight's shape
+            and (converted) dtype, no values. Default: 2-D floating ``*.weight`` tensors whose
+            names contain no ``quantize_exclude`` word nor "norm".
         quantize_exclude: name parts never quantized by the default filter.
         gptq_format: GPTQ zero convention, ``"v1"`` (``qzeros`` holds zero - 1: AutoGPTQ,
             transformers) or ``"v2"`` (the zero itself: GPTQModel's ``gptq_v2``). None: v2 if
@@ -194,13 +196,16 @@ def load_safetensors(
     bar = LoadProgress(len(plan.entries), sum(e.nbytes for e in plan.entries), enabled=progress)
     try:
         with TensorReader(device) as reader:
+            todo = {e.name: _Todo.decide(e, dtype, quantize, group_size, wants_quant, quantize_filter is not None,
+                                         not_quantized) for e in plan.entries if e.name not in plan.group_of}
+            reader.scratch_hint = max([e.nbytes for e in plan.entries if e.name in todo and todo[e.name].scratch],
+                                      default=0)
             for e in plan.entries:
-                t = reader.read(e)
                 group = plan.group_of.get(e.name)
                 if group is not None:
                     kind, key, field = group
                     parts = pending.setdefault(key, {})
-                    parts[field] = t
+                    parts[field] = reader.read(e)
                     if len(parts) == plan.group_size[key]:
                         del pending[key]
                         if kind == "opforge":
@@ -208,9 +213,8 @@ def load_safetensors(
                         else:
                             out[key + ".weight"] = _rebuild_prequant(key, parts, config, gptq_format, e.file)
                 else:
-                    out[e.name] = _convert(e, t, dtype, quantize, group_size, symmetric, wants_quant,
-                                           quantize_filter is not None, not_quantized)
-                del t
+                    job = todo[e.name]
+                    out[e.name] = job.run(e, reader.read(e, scratch=job.scratch), dtype, group_size, symmetric)
                 bar.advance(e.nbytes)
     finally:
         bar.close()
@@ -223,24 +227,40 @@ def load_safetensors(
     return out
 
 
-def _convert(e: Entry, t: torch.Tensor, dtype, quantize, group_size, symmetric, wants_quant,
-             custom_filter: bool, not_quantized: List[str]) -> Any:
-    if dtype is not None and t.dtype.is_floating_point and t.dtype != dtype:
-        t = t.to(dtype)
-    if quantize is None or not wants_quant(e.name, t):
-        return t
-    from ..ops.quant import quantize_weight
+class _Todo:
+    """What happens to one plain tensor once read, decided from its header alone."""
 
-    bits = QUANTIZE_BITS[quantize]
-    k = t.shape[-1] if t.dim() else 0
-    fits = k > 0 and (group_size == -1 or k % group_size == 0) and (bits == 8 or k % 8 == 0)
-    if not fits and not custom_filter:
-        not_quantized.append(e.name)
-        return t
-    try:
-        return quantize_weight(t, bits=bits, group_size=group_size, symmetric=symmetric)
-    except (ValueError, TypeError) as err:
-        raise type(err)(f"{e.name} (in {e.file}): cannot quantize: {err}") from None
+    def __init__(self, convert: bool, bits: Optional[int]):
+        self.convert, self.bits = convert, bits
+        self.scratch = convert or bits is not None  # the raw bytes are dropped right away
+
+    @classmethod
+    def decide(cls, e: Entry, dtype, quantize, group_size, wants_quant, custom_filter: bool,
+               not_quantized: List[str]) -> "_Todo":
+        convert = dtype is not None and e.dtype.is_floating_point and e.dtype != dtype
+        bits = None
+        if quantize is not None:
+            meta = torch.empty(e.shape, dtype=dtype if convert else e.dtype, device="meta")
+            if wants_quant(e.name, meta):
+                bits = QUANTIZE_BITS[quantize]
+                k = e.shape[-1] if e.shape else 0
+                fits = k > 0 and (group_size == -1 or k % group_size == 0) and (bits == 8 or k % 8 == 0)
+                if not fits and not custom_filter:
+                    not_quantized.append(e.name)
+                    bits = None
+        return cls(convert, bits)
+
+    def run(self, e: Entry, t: torch.Tensor, dtype, group_size: int, symmetric: bool) -> Any:
+        if self.convert:
+            t = t.to(dtype)
+        if self.bits is None:
+            return t
+        from ..ops.quant import quantize_weight
+
+        try:
+            return quantize_weight(t, bits=self.bits, group_size=group_size, symmetric=symmetric)
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"{e.name} (in {e.file}): cannot quantize: {err}") from None
 
 
 def _rebuild_saved(key: str, parts: Dict[str, torch.Tensor], fields: Dict[str, Any], file: str) -> Any:

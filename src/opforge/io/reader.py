@@ -49,6 +49,8 @@ class TensorReader:
         self._staging: List[torch.Tensor] = []
         self._events: List[Optional["torch.cuda.Event"]] = []
         self._next = 0
+        self._scratch: Optional[torch.Tensor] = None
+        self.scratch_hint = 0  # bytes: the largest scratch read to come, allocated once
         self.bytes_read = 0
 
     def __enter__(self) -> "TensorReader":
@@ -66,6 +68,7 @@ class TensorReader:
                 e.synchronize()
         self._staging.clear()
         self._events.clear()
+        self._scratch = None
 
     def _file(self, entry: Entry) -> BinaryIO:
         f = self._files.get(entry.file)
@@ -76,14 +79,25 @@ class TensorReader:
                 raise SafetensorsError(f"cannot open: {e}", entry.file, entry.name) from None
         return f
 
-    def read(self, entry: Entry) -> torch.Tensor:
-        """The tensor of ``entry`` on the reader's device, in the file's dtype and shape."""
+    def read(self, entry: Entry, scratch: bool = False) -> torch.Tensor:
+        """The tensor of ``entry`` on the reader's device, in the file's dtype and shape.
+
+        ``scratch``: off CUDA, read into one buffer the reader reuses (the result is valid
+        until the next read): for a tensor that is converted or quantized at once, so that
+        freed raw buffers do not pile up in the host allocator.
+        """
         f = self._file(entry)
         f.seek(entry.begin)
         if self.device.type == "cuda":
             raw = self._read_cuda(f, entry)
         else:
-            raw = torch.empty(entry.nbytes, dtype=torch.uint8)
+            if scratch:
+                if self._scratch is None or self._scratch.numel() < entry.nbytes:
+                    self._scratch = None
+                    self._scratch = torch.empty(max(entry.nbytes, self.scratch_hint), dtype=torch.uint8)
+                raw = self._scratch[:entry.nbytes]
+            else:
+                raw = torch.empty(entry.nbytes, dtype=torch.uint8)
             if entry.nbytes:
                 _read_exactly(f, memoryview(raw.numpy()), entry)
             if self.device.type != "cpu":
