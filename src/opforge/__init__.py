@@ -13,6 +13,8 @@ from .io import SafetensorsError, load_safetensors, save_safetensors
 from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
 from .ops.activation import geglu, gelu, relu, silu, swiglu
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from .ops.quant import QuantizedWeight, linear, quantize_weight
+from .nn.quant import quantize_model
 from .ops.softmax import log_softmax, softmax
 from .runtime.device import DeviceInfo, device_info
 from .runtime.errors import NoKernelError
@@ -29,5 +31,6 @@ __all__ = [
     "NoKernelError", "FallbackWarning", "nn",
     "fuse", "FusionError", "UnfusableError",
     "load_safetensors", "save_safetensors", "SafetensorsError",
+    "QuantizedWeight", "quantize_weight", "linear", "quantize_model",
     "where", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "minimum", "maximum", "pow", "cast",
 ]

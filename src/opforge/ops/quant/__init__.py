@@ -1,0 +1,95 @@
+"""Quantized-weight linear layers: ``QuantizedWeight``, ``quantize_weight`` and ``linear``.
+
+Storage (what the kernels read; ``from_codes``/``dequantize`` hide it):
+
+* int4: ``packed`` int32 (N, K/8), row-major; word ``j`` of row ``n`` holds codes
+  ``k = 8j .. 8j+7``, code ``8j+i`` in bits ``4i .. 4i+3``. A kernel loads a (BLOCK_N, BLOCK_K/8)
+  tile of words (16-byte vector loads along K) and unpacks it in registers with shifts.
+* int8: ``packed`` uint8 (N, K), row-major.
+* ``scales_t`` and ``zeros_t`` (K/group, N): transposed, so the scales of the BLOCK_N rows a
+  program works on are one contiguous load. float16 from ``quantize_weight`` (see there);
+  whatever float dtype ``from_codes`` was given (float64 becomes float32). Symmetric weights
+  store no zeros (the zero is the constant ``2**(bits-1)``).
+
+The kernels never round a dequantized weight to 16 bits: per group they compute
+``scale * (sum_k x*code - zero * sum_k x)`` with the integer codes (exact in fp16/bf16) as the
+tensor-core operand, so the result is what the QuantizedWeight represents up to float32
+accumulation. Every call validates its arguments, selects a variant (Triton on CUDA, the torch
+path elsewhere; Metal kernels are not written yet), runs it and, inside ``opforge.trace()``,
+records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from ...runtime import alloc, dispatch, trace
+from . import reference
+from .problem import OPS, LinearCall, prepare
+from .weight import QuantizedWeight, quantize_weight
+
+
+def _torch_launch(call: LinearCall) -> torch.Tensor:
+    return reference.run(call.x, call.w, call.bias).view(call.out_shape)
+
+
+def _register() -> None:
+    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
+                ("metal", None)]  # qmv/qmm Metal kernels: not written yet
+    dispatch.register_family(OPS, backends, _torch_launch,
+                             "dequantize, then F.linear in float32 (float64 for float64 x)", _problem_builder)
+
+
+def _problem_builder(op: str):
+    def build(x, w, bias=None):
+        return prepare(x, w, bias).problem
+
+    return build
+
+
+def _dense(call: LinearCall) -> torch.Tensor:
+    return F.linear(call.x, call.w, call.bias).view(call.out_shape)
+
+
+def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ w.T + bias`` for a quantized (or dense) weight, as ``torch.nn.functional.linear``.
+
+    Args:
+        x: (..., K) float16 or bfloat16 for the kernels (float32 and float64 run on the torch
+            path). Rows may be strided; a non-contiguous last dimension is copied (trace says so).
+        w: a ``QuantizedWeight`` of shape (N, K), or a dense (N, K) tensor of x's dtype (then
+            torch's ``F.linear`` runs, and the trace says ``torch``/``dense``).
+        bias: optional (N,) tensor of x's dtype.
+
+    Returns:
+        (..., N) in x's dtype; accumulation in float32. Triton variants: ``decode`` (M <= 16 rows)
+        and ``prefill`` (more rows), see ``opforge.ops.quant.triton_kernels``.
+
+    Example:
+        >>> import torch, opforge
+        >>> w = torch.randn(64, 256)
+        >>> qw = opforge.quantize_weight(w, bits=4, group_size=128)
+        >>> x = torch.randn(3, 256)
+        >>> y = opforge.linear(x, qw)
+        >>> torch.allclose(y, x @ qw.dequantize().T, rtol=1e-4, atol=1e-4)
+        True
+    """
+    call = prepare(x, w, bias)
+    p = call.problem
+    if p.dense:
+        if trace._active:
+            return trace.run_traced("linear", "torch", "dense", x, call.note, _dense, call)
+        return _dense(call)
+    if p.m == 0 or p.n == 0:
+        return alloc.empty(call.out_shape, x.dtype, x.device)
+    if p.k == 0:
+        out = torch.zeros(call.out_shape, dtype=x.dtype, device=x.device)
+        return out + bias if bias is not None else out
+    return dispatch.run("linear", call, x)
+
+
+_register()
+
+__all__ = ["QuantizedWeight", "quantize_weight", "linear"]

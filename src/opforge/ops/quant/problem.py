@@ -1,0 +1,104 @@
+"""Validation of ``linear`` arguments, and the problem description variants see."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from ...runtime.errors import check_float_tensor
+from .weight import QuantizedWeight
+
+OPS = ("linear",)
+#: Up to this many rows of x, the decode variant runs (all rows share each weight load).
+DECODE_MAX_M = 16
+
+
+@dataclass(frozen=True)
+class LinearProblem:
+    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+
+    dtype: torch.dtype
+    m: int
+    n: int
+    k: int
+    bits: int            # 0 for a dense weight
+    group: int
+    symmetric: bool
+    has_bias: bool
+    device_type: str
+
+    @property
+    def dense(self) -> bool:
+        return self.bits == 0
+
+    @property
+    def decode(self) -> bool:
+        return self.m <= DECODE_MAX_M
+
+    @property
+    def key(self) -> tuple:
+        return (self.dtype, self.decode, self.bits, self.dense)
+
+    def describe(self) -> str:
+        w = "dense" if self.dense else f"int{self.bits} g{self.group}{' sym' if self.symmetric else ''}"
+        return (f"x {str(self.dtype).replace('torch.', '')} (M={self.m}, K={self.k}) @ w {w} (N={self.n}, K={self.k})"
+                f"{' + bias' if self.has_bias else ''} {self.device_type}")
+
+
+class LinearCall:
+    """A validated call: x as (M, K) rows with unit last stride, the weight, bias, the output shape."""
+
+    __slots__ = ("problem", "x", "w", "bias", "out_shape", "note")
+
+    def __init__(self, problem: LinearProblem, x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor],
+                 bias: Optional[torch.Tensor], out_shape: tuple, note: str):
+        self.problem, self.x, self.w, self.bias, self.out_shape, self.note = problem, x, w, bias, out_shape, note
+
+
+def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor]) -> LinearCall:
+    """Check every argument (raising before anything is written) and describe the call."""
+    check_float_tensor("x", x)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (..., K), got a 0-d tensor")
+    if isinstance(w, QuantizedWeight):
+        n, k = w.shape
+        bits, group, symmetric = w.bits, w.group, w.symmetric
+        w_device = w.device
+    elif isinstance(w, torch.Tensor):
+        if w.dim() != 2:
+            raise ValueError(f"w must be a 2-D (N, K) weight or a QuantizedWeight, got shape {tuple(w.shape)}")
+        check_float_tensor("w", w)
+        if w.dtype != x.dtype:
+            raise TypeError(f"a dense w must have x's dtype {x.dtype}, got {w.dtype}")
+        n, k = w.shape
+        bits, group, symmetric = 0, 0, False
+        w_device = w.device
+    else:
+        raise TypeError(f"w must be a QuantizedWeight or a torch.Tensor, got {type(w).__name__}")
+    if x.shape[-1] != k:
+        raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal the weight's K={k} (w is ({n}, {k}))")
+    if w_device != x.device:
+        raise ValueError(f"w is on {w_device} but x is on {x.device}: all tensors must be on one device")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must have shape ({n},) (the weight's N), got {tuple(bias.shape)}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
+        if bias.device != x.device:
+            raise ValueError(f"bias is on {bias.device} but x is on {x.device}: all tensors must be on one device")
+    out_shape = tuple(x.shape[:-1]) + (n,)
+    note = ""
+    if x.dim() > 1 and x.stride(-1) != 1 and x.numel():
+        x = x.contiguous()
+        note = "x copied: its last dimension is not contiguous"
+    x2 = x.reshape(-1, k) if k else x.reshape(-1, 0)
+    if not note and x.numel() and x2.data_ptr() != x.data_ptr():
+        note = "x copied: its leading dimensions do not flatten to one stride"
+    if x2.dim() == 1:
+        x2 = x2.unsqueeze(0)
+    m = x2.shape[0]
+    problem = LinearProblem(x.dtype, m, n, k, bits, group, symmetric, bias is not None, x.device.type)
+    return LinearCall(problem, x2, w, bias, out_shape, note)

@@ -1,0 +1,148 @@
+"""opforge.linear: each Triton variant against x.double() @ w.dequantize(float64).T, the torch
+path, dense weights, layouts, and the errors raised before anything runs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opforge
+from opforge.ops.quant import triton_kernels as tk
+from opforge.ops.quant.problem import DECODE_MAX_M
+from opforge.testing import DEVICE, TOLERANCE, rel_error
+
+N, K = 64, 256
+
+
+def oracle(x, qw, bias=None):
+    y = x.double() @ qw.dequantize(torch.float64).T
+    return y if bias is None else y + bias.double()
+
+
+def run_triton(x, qw, bias=None):
+    with opforge.backend("triton"), opforge.trace() as t:
+        y = opforge.linear(x, qw, bias)
+    assert len(t) == 1 and t[0].backend == "triton"
+    return y, t[0]
+
+
+def expected_variant(m):
+    return "decode" if m <= DECODE_MAX_M else "prefill"
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 128, -1])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 33])
+def test_kernels_match_the_weight_they_hold(bits, group_size, symmetric, m):
+    dtype = torch.float16 if (m + bits) % 2 else torch.bfloat16
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE) * 0.05, bits, group_size, symmetric)
+    x = torch.randn(m, K, device=DEVICE, dtype=dtype)
+    y, event = run_triton(x, qw)
+    assert event.variant == expected_variant(m)
+    assert y.shape == (m, N) and y.dtype == dtype
+    assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("m", [1, 5, 40])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float32_scales_from_codes_and_fractional_zeros(m, bits):
+    """A GPTQ/AWQ-style import: float32 scales, non-integer zeros, group 64."""
+    codes = torch.randint(0, 2 ** bits, (N, K), device=DEVICE)
+    scales = torch.rand(N, K // 64, device=DEVICE) * 0.01 + 1e-3
+    zeros = torch.rand(N, K // 64, device=DEVICE) * 2 ** bits
+    qw = opforge.QuantizedWeight.from_codes(codes, scales, zeros, bits, 64)
+    x = torch.randn(m, K, device=DEVICE, dtype=torch.float16)
+    y, _ = run_triton(x, qw)
+    assert rel_error(y, oracle(x, qw)) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("m", [1, 4, 20])
+def test_split_k_and_ragged_edges(m):
+    """K long enough to be split across programs; N not a multiple of the tile; per-row groups
+    with K not a multiple of the K tile (int8, K=200)."""
+    for n, k, bits, g in [(40, 2048, 4, 128), (24, 200, 8, -1), (72, 1024, 4, 32)]:
+        qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, g)
+        x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)
+        bias = torch.randn(n, device=DEVICE, dtype=torch.float16)
+        y, _ = run_triton(x, qw, bias)
+        assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.float16], (n, k, bits, g)
+
+
+def test_3d_x_bias_and_strided_rows():
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 64)
+    bias = torch.randn(N, device=DEVICE, dtype=torch.bfloat16)
+    x3 = torch.randn(2, 3, K, device=DEVICE, dtype=torch.bfloat16)
+    y, event = run_triton(x3, qw, bias)
+    assert y.shape == (2, 3, N) and event.note == ""
+    assert rel_error(y, oracle(x3, qw, bias)) < TOLERANCE[torch.bfloat16]
+    big = torch.randn(20, 2 * K, device=DEVICE, dtype=torch.float16)
+    xs = big[:, 7:7 + K]                           # strided rows, read in place
+    y, event = run_triton(xs, qw)
+    assert event.note == "" and event.variant == "prefill"
+    assert rel_error(y, oracle(xs, qw)) < TOLERANCE[torch.float16]
+    xt = torch.randn(K, 5, device=DEVICE, dtype=torch.float16).T   # last dim not contiguous: copied
+    y, event = run_triton(xt, qw)
+    assert "copied" in event.note
+    assert rel_error(y, oracle(xt, qw)) < TOLERANCE[torch.float16]
+    x1 = torch.randn(K, device=DEVICE, dtype=torch.float16)        # 1-D x gives (N,)
+    y, _ = run_triton(x1, qw)
+    assert y.shape == (N,) and rel_error(y, oracle(x1[None], qw)[0]) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_path(dtype):
+    qw = opforge.quantize_weight(torch.randn(N, K), 8, 32)
+    x = torch.randn(3, K, dtype=dtype)
+    bias = torch.randn(N, dtype=dtype)
+    with opforge.backend("torch"), opforge.trace() as t:
+        y = opforge.linear(x, qw, bias)
+    assert t[0].backend == "torch" and t[0].variant == "reference" and y.dtype == dtype
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[dtype]
+
+
+def test_float32_x_is_not_for_the_kernels():
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+    with opforge.backend("triton"), pytest.raises(opforge.NoKernelError, match="float16 or bfloat16"):
+        opforge.linear(torch.randn(2, K, device=DEVICE), qw)
+
+
+def test_dense_weight_runs_torch_linear_and_says_so():
+    w = torch.randn(N, K)
+    x = torch.randn(4, K)
+    with opforge.trace() as t:
+        y = opforge.linear(x, w)
+    assert (t[0].backend, t[0].variant) == ("torch", "dense")
+    assert torch.equal(y, F.linear(x, w))
+
+
+def test_explain_names_the_variant():
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+    with opforge.backend("triton"):
+        text = str(opforge.explain("linear", torch.randn(40, K, device=DEVICE, dtype=torch.float16), qw))
+    assert "chosen: triton.prefill" in text and "not triton.decode" in text
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda qw: opforge.linear(torch.randn(2, K + 8), qw), ValueError, "must equal the weight's K=256"),
+    (lambda qw: opforge.linear(torch.randn(2, K), qw, torch.randn(N + 1)), ValueError, "bias must have shape (64,)"),
+    (lambda qw: opforge.linear(torch.randn(2, K), qw, torch.randn(N, dtype=torch.float64)), TypeError,
+     "bias must have x's dtype"),
+    (lambda qw: opforge.linear(torch.randn(2, K), torch.randn(N, K, dtype=torch.float64)), TypeError,
+     "dense w must have x's dtype"),
+    (lambda qw: opforge.linear(torch.randn(2, K), torch.randn(2, N, K)), ValueError, "2-D"),
+    (lambda qw: opforge.linear(torch.randn(2, K), "w"), TypeError, "QuantizedWeight"),
+    (lambda qw: opforge.linear(torch.randint(0, 3, (2, K)), qw), TypeError, "x must be"),
+    (lambda qw: opforge.linear(torch.tensor(1.0), qw), ValueError, "0-d"),
+    (lambda qw: opforge.linear(torch.randn(2, K, device="meta"), qw), ValueError, "w is on cpu but x is on meta"),
+])
+def test_bad_calls_raise_before_running(call, error, words):
+    qw = opforge.quantize_weight(torch.randn(N, K), 4, 128)
+    with opforge.trace() as t, pytest.raises(error) as info:
+        call(qw)
+    assert words in str(info.value) and len(t) == 0
+
+
+def test_tile_configs_cover_both_paths():
+    from opforge.ops.quant.problem import LinearProblem
+    decode = tk.tile_config(LinearProblem(torch.bfloat16, 1, 4096, 4096, 4, 128, False, False, "cuda"))
+    prefill = tk.tile_config(LinearProblem(torch.bfloat16, 4096, 4096, 4096, 4, 128, False, False, "cuda"))
+    assert decode[3] is False and prefill[3] is True and prefill[0] == 128
