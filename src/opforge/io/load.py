@@ -156,7 +156,9 @@ def load_safetensors(
             cannot tell the two apart.
         into: a dict or ``torch.nn.Module`` to update once every tensor has loaded (nothing is
             applied if any fails): a dict is updated; a module gets ``load_state_dict``
-            (tensors) and, for a ``QuantizedWeight``, the attribute of the submodule set.
+            (tensors) and, for a ``QuantizedWeight``, the one it holds there replaced (it must
+            have the same shape, bits, group and symmetry; behind ``opforge.nn.QuantLinear``'s
+            ``weight`` property, its buffers are replaced).
         strict: with a module ``into``, every one of its state-dict keys must be loaded and
             every loaded key must be one of them, with the same shape.
 
@@ -298,6 +300,7 @@ def _apply(into: Any, loaded: Dict[str, Any], file_of: Dict[str, str], strict: b
     own = into.state_dict()
     quantized: Dict[str, Any] = {}
     tensors: Dict[str, torch.Tensor] = {}
+    covered: set = set()  # module keys a quantized weight provides
     for name, v in loaded.items():
         if qtype is not None and isinstance(v, qtype):
             owner_name, _, attr = name.rpartition(".")
@@ -305,13 +308,16 @@ def _apply(into: Any, loaded: Dict[str, Any], file_of: Dict[str, str], strict: b
                 owner = into.get_submodule(owner_name) if owner_name else into
             except AttributeError:
                 owner = None
-            if owner is None or not isinstance(getattr(owner, attr, None), qtype):
+            held = getattr(owner, attr, None)
+            if not isinstance(held, qtype):
                 raise SafetensorsError("a quantized weight, but the module holds no QuantizedWeight there "
                                        "(load into a dict, or quantize the module first)", file_of.get(name), name)
-            if getattr(owner, attr).shape != v.shape:
-                raise SafetensorsError(f"shape {v.shape} disagrees with the module's {getattr(owner, attr).shape}",
+            if (held.shape, held.bits, held.group_size, held.symmetric) != (v.shape, v.bits, v.group_size, v.symmetric):
+                raise SafetensorsError(f"{v!r} disagrees with the module's {held!r} (shape, bits, group or zeros)",
                                        file_of.get(name), name)
             quantized[name] = (owner, attr, v)
+            if isinstance(getattr(type(owner), attr, None), property):
+                covered.update(f"{owner_name}.{b}" if owner_name else b for b in _QUANT_BUFFERS)
         elif name in own:
             if tuple(own[name].shape) != tuple(v.shape):
                 raise SafetensorsError(f"shape {tuple(v.shape)} disagrees with the module's {tuple(own[name].shape)}",
@@ -320,13 +326,27 @@ def _apply(into: Any, loaded: Dict[str, Any], file_of: Dict[str, str], strict: b
         elif strict:
             raise SafetensorsError("the module has no such parameter or buffer", file_of.get(name), name)
     if strict:
-        missing = [k for k in own if k not in tensors]
+        missing = [k for k in own if k not in tensors and k not in covered]
         if missing:
             raise SafetensorsError(f"{len(missing)} of the module's tensors are not in the checkpoint: "
                                    f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     into.load_state_dict(tensors, strict=False)
     for owner, attr, v in quantized.values():
+        _set_quantized(owner, attr, v)
+
+
+def _set_quantized(owner: torch.nn.Module, attr: str, v: Any) -> None:
+    """Put ``v`` where ``owner.attr`` is: an attribute, or the buffers behind a property (as
+    ``opforge.nn.QuantLinear.weight``)."""
+    if not isinstance(getattr(type(owner), attr, None), property):
         setattr(owner, attr, v)
+        return
+    v = v.to(getattr(owner, attr).device)
+    for buffer, value in zip(_QUANT_BUFFERS, (v.packed, v.scales_t, v.zeros_t)):
+        setattr(owner, buffer, value)
+
+
+_QUANT_BUFFERS = ("qweight", "scales_t", "zeros_t")  # behind opforge.nn.QuantLinear.weight
 
 
 def load_into(target: Any, path: Union[str, os.PathLike], **kwargs: Any) -> Dict[str, Any]:

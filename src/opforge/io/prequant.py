@@ -156,7 +156,7 @@ def _gptq(prefix, qweight, qzeros, scales, g_idx, config, gptq_format, file):
     zeros = unpack(qzeros, bits, 1).to(torch.float32)  # (G, N)
     if fmt == "v1":
         zeros += 1
-    return codes.t(), scales.t(), zeros.t(), bits, group
+    return codes.t(), scales.t(), zeros.to(scales.dtype).t(), bits, group  # zeros <= 256: exact in any float
 
 
 def _awq(prefix, qweight, qzeros, scales, config, file):
@@ -172,4 +172,4 @@ def _awq(prefix, qweight, qzeros, scales, config, file):
                     f"{tuple(qzeros.shape)}, scales {tuple(scales.shape)}", file, prefix)
     codes = unpack(qweight, 4, 1, AWQ_ORDER)
     zeros = unpack(qzeros, 4, 1, AWQ_ORDER).to(torch.float32)
-    return codes.t(), scales.t(), zeros.t(), 4, k // groups
+    return codes.t(), scales.t(), zeros.to(scales.dtype).t(), 4, k // groups
