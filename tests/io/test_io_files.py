@@ -195,3 +195,28 @@ def test_cuda_load_matches_through_staging(tmp_path, monkeypatch):
     assert torch.equal(got["big"].cpu(), state["big"].to(torch.float16))
     assert torch.equal(got["odd"].cpu(), state["odd"].to(torch.float16))
     assert torch.equal(got["i"].cpu(), state["i"])
+
+
+def test_saver_writes_every_dtype_shared_and_scalar_tensors_for_safetensors(tmp_path):
+    shared = torch.randn(4, 4)
+    state = {k: v for k, v in _random_state().items()}
+    state.update({"shared_a": shared, "shared_b": shared, "shared_row": shared[1]})
+    p = tmp_path / "all.safetensors"
+    opforge.save_safetensors(state, p)
+    with open(p, "rb") as f:
+        assert int.from_bytes(f.read(8), "little") % 8 == 0  # data 8-byte aligned
+    with safe_open(str(p), framework="pt") as f:
+        assert set(f.keys()) == set(state)
+        for k, t in state.items():
+            got = f.get_tensor(k)
+            assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), k
+    back = opforge.load_safetensors(p)
+    for k, t in state.items():
+        assert torch.equal(back[k], t), k
+
+
+def test_saver_refuses_dtypes_without_a_code_and_leaves_no_file(tmp_path):
+    with pytest.raises(TypeError, match="complex64"):
+        opforge.save_safetensors({"a": torch.ones(1), "z": torch.ones(2, dtype=torch.complex64)},
+                                 tmp_path / "z.safetensors")
+    assert list(tmp_path.iterdir()) == []

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Mapping, Optional, Union
+import struct
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
+
+from .format import CODES
 
 QUANT_SEP = "/"
 META_QUANTIZED = "opforge.quantized"
@@ -28,15 +31,6 @@ def _quantized_type():
     return QuantizedWeight
 
 
-def _host(t: torch.Tensor, seen: set) -> torch.Tensor:
-    t = t.detach().to("cpu").contiguous()
-    if t.numel() and t.untyped_storage().data_ptr() in seen:
-        t = t.clone()  # safetensors refuses tensors that share memory
-    if t.numel():
-        seen.add(t.untyped_storage().data_ptr())
-    return t
-
-
 def _json_value(v: Any) -> Any:
     if isinstance(v, torch.dtype):
         return {"dtype": str(v).replace("torch.", "")}
@@ -45,13 +39,44 @@ def _json_value(v: Any) -> Any:
     return v
 
 
+def _flatten(state: Mapping[str, Any]) -> Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Dict[str, Any]]]:
+    qtype = _quantized_type()
+    flat: List[Tuple[str, torch.Tensor]] = []
+    quantized: Dict[str, Dict[str, Any]] = {}
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise TypeError(f"state keys must be strings, got {key!r}")
+        if qtype is not None and isinstance(value, qtype):
+            if QUANT_SEP in key:
+                raise ValueError(f"{key!r}: keys of quantized weights may not contain {QUANT_SEP!r}")
+            fields: Dict[str, Any] = {}
+            for field, v in value.state_dict().items():
+                if isinstance(v, torch.Tensor):
+                    flat.append((f"{key}{QUANT_SEP}{field}", v))
+                else:
+                    fields[field] = _json_value(v)
+            quantized[key] = fields
+        elif isinstance(value, torch.Tensor):
+            flat.append((key, value))
+        else:
+            raise TypeError(f"state[{key!r}] must be a torch.Tensor or QuantizedWeight, got {type(value).__name__}")
+        if flat and flat[-1][1].dtype not in CODES:
+            raise TypeError(f"state[{key!r}]: dtype {flat[-1][1].dtype} has no SafeTensors code")
+    names = [n for n, _ in flat]
+    if len(set(names)) != len(names):
+        raise ValueError("two entries flatten to the same tensor name")
+    return flat, quantized
+
+
 def save_safetensors(state: Mapping[str, Any], path: Union[str, os.PathLike],
                      metadata: Optional[Mapping[str, str]] = None) -> None:
     """Write ``state`` (tensors and ``QuantizedWeight`` values) to one ``.safetensors`` file.
 
-    Tensors are moved to the CPU and made contiguous; tensors sharing memory are copied. See
-    this module's docstring for the key scheme of quantized weights; any reader of SafeTensors
-    can open the file, and ``opforge.load_safetensors`` reads it back exactly.
+    Tensors are written one at a time (a GPU tensor is copied to the host on its turn), so host
+    memory grows by one tensor, not the state's size. See this module's docstring for the key
+    scheme of quantized weights; any SafeTensors reader can open the file, and
+    ``opforge.load_safetensors`` reads it back exactly. The file appears complete or not at all
+    (written to a temporary name, then renamed).
 
     Args:
         state: name -> ``torch.Tensor`` or ``opforge.QuantizedWeight``.
@@ -65,34 +90,33 @@ def save_safetensors(state: Mapping[str, Any], path: Union[str, os.PathLike],
         >>> opforge.load_safetensors(p)["w"]
         tensor([0., 1., 2., 3.])
     """
-    from safetensors.torch import save_file
-
-    qtype = _quantized_type()
-    flat: Dict[str, torch.Tensor] = {}
-    quantized: Dict[str, Dict[str, Any]] = {}
-    seen: set = set()
-    for key, value in state.items():
-        if not isinstance(key, str):
-            raise TypeError(f"state keys must be strings, got {key!r}")
-        if qtype is not None and isinstance(value, qtype):
-            if QUANT_SEP in key:
-                raise ValueError(f"{key!r}: keys of quantized weights may not contain {QUANT_SEP!r}")
-            fields: Dict[str, Any] = {}
-            for field, v in value.state_dict().items():
-                if isinstance(v, torch.Tensor):
-                    flat[f"{key}{QUANT_SEP}{field}"] = _host(v, seen)
-                else:
-                    fields[field] = _json_value(v)
-            quantized[key] = fields
-        elif isinstance(value, torch.Tensor):
-            flat[key] = _host(value, seen)
-        else:
-            raise TypeError(f"state[{key!r}] must be a torch.Tensor or QuantizedWeight, got {type(value).__name__}")
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     reserved = [k for k in meta if k.startswith("opforge.")]
     if reserved:
         raise ValueError(f"metadata keys starting with 'opforge.' are reserved, got {reserved}")
+    flat, quantized = _flatten(state)
     meta[META_FORMAT] = "1"
     if quantized:
         meta[META_QUANTIZED] = json.dumps(quantized, sort_keys=True)
-    save_file(flat, str(path), metadata=meta)
+    header: Dict[str, Any] = {"__metadata__": meta}
+    offset = 0
+    for name, t in flat:
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    path = str(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            for _, t in flat:
+                host = t.detach().to("cpu").contiguous().reshape(-1)
+                if host.numel():
+                    f.write(memoryview(host.view(torch.uint8).numpy()))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
