@@ -139,7 +139,7 @@ def check_cases(device: torch.device, tmp: str) -> None:
         p = os.path.join(tmp, "q.safetensors")
         opforge.save_safetensors(w, p)
         notes = []
-        for quantize, bits, tol in (("int4", 4, 0.12), ("int8", 8, 0.01)):
+        for quantize, bits, tol in (("int4", 4, 0.15), ("int8", 8, 0.01)):
             got = opforge.load_safetensors(p, device=device, quantize=quantize, group_size=128)
             assert torch.equal(got["embed_tokens.weight"].cpu(), w["embed_tokens.weight"])
             for k in ("layers.0.mlp.up_proj.weight", "layers.0.self_attn.o_proj.weight"):
@@ -325,7 +325,7 @@ def verify_loaded(sd: Dict[str, Any], spec: List[tuple], device: torch.device, m
             r = ref.double()
             err = ((got.dequantize(torch.float64) - r).norm() / r.norm()).item()
             worst = max(worst, err)
-            if not err < 0.12:
+            if not err < 0.15:
                 bad.append(name)
         elif got.device.type != device.type or not torch.equal(got, ref):
             bad.append(name)

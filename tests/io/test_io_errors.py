@@ -97,3 +97,7 @@ def test_bad_arguments_raise_before_reading(tmp_path):
         opforge.load_safetensors(tmp_path / "x", quantize="int3")
     with pytest.raises(ValueError, match="dtype must be"):
         opforge.load_safetensors(tmp_path / "x", dtype=torch.int32)
+    with pytest.raises(ValueError, match="group_size must be"):
+        opforge.load_safetensors(tmp_path / "x", quantize="int4", group_size=100)
+    with pytest.raises(ValueError, match="gptq_format must be"):
+        opforge.load_safetensors(tmp_path / "x", gptq_format="v3")

@@ -187,6 +187,11 @@ def load_safetensors(
         raise ValueError(f"quantize must be None, 'int4' or 'int8', got {quantize!r}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    if quantize is not None and not (isinstance(group_size, int) and not isinstance(group_size, bool) and (
+            group_size == -1 or (group_size >= 16 and group_size & (group_size - 1) == 0))):
+        raise ValueError(f"group_size must be -1 or a power of two >= 16, got {group_size!r}")
+    if gptq_format not in (None, "v1", "v2"):
+        raise ValueError(f"gptq_format must be None, 'v1' or 'v2', got {gptq_format!r}")
     files, index, folder = checkpoint_files(path)
     headers = [read_header(f) for f in files]
     plan = _Plan(headers, index, _skip_test(skip))
