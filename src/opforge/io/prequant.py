@@ -64,7 +64,13 @@ class QuantConfig:
 
 
 def split_part(name: str) -> Optional[Tuple[str, str]]:
-    """``"layers.0.q_proj.qweight"`` -> ``("layers.0.q_proj", "qweight")``; None for other names."""
+    """The layer prefix and part of a GPTQ/AWQ tensor name; None for other names.
+
+    Example:
+        >>> from opforge.io.prequant import split_part
+        >>> split_part("layers.0.q_proj.qweight"), split_part("layers.0.q_proj.weight")
+        (('layers.0.q_proj', 'qweight'), None)
+    """
     prefix, _, last = name.rpartition(".")
     return (prefix, last) if prefix and last in PARTS else None
 
