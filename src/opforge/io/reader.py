@@ -88,22 +88,20 @@ class TensorReader:
         """
         f = self._file(entry)
         f.seek(entry.begin)
-        if self.device.type == "cuda":
-            raw = self._read_cuda(f, entry)
-        else:
-            if scratch:
-                if self._scratch is None or self._scratch.numel() < entry.nbytes:
-                    self._scratch = None
-                    self._scratch = torch.empty(max(entry.nbytes, self.scratch_hint), dtype=torch.uint8)
-                raw = self._scratch[:entry.nbytes]
-            else:
-                raw = torch.empty(entry.nbytes, dtype=torch.uint8)
-            if entry.nbytes:
-                _read_exactly(f, memoryview(raw.numpy()), entry)
-            if self.device.type != "cpu":
-                raw = raw.to(self.device)
         self.bytes_read += entry.nbytes
-        return raw.view(entry.dtype).view(entry.shape)
+        if self.device.type == "cuda":
+            return self._read_cuda(f, entry).view(entry.dtype).view(entry.shape)
+        if scratch:
+            if self._scratch is None or self._scratch.numel() < entry.nbytes:
+                self._scratch = None
+                self._scratch = torch.empty(max(entry.nbytes, self.scratch_hint), dtype=torch.uint8)
+            raw = self._scratch[:entry.nbytes]
+        else:
+            raw = torch.empty(entry.nbytes, dtype=torch.uint8)
+        if entry.nbytes:
+            _read_exactly(f, memoryview(raw.numpy()), entry)
+        t = raw.view(entry.dtype).view(entry.shape)
+        return t if self.device.type == "cpu" else t.to(self.device)  # MPS: a blocking copy
 
     def _read_cuda(self, f: BinaryIO, entry: Entry) -> torch.Tensor:
         with torch.cuda.device(self.device):  # events and copies on this device's current stream
