@@ -9,6 +9,7 @@ Example:
 """
 from . import fusion, nn
 from .fusion import FusionError, UnfusableError, fuse
+from .io import SafetensorsError, load_safetensors, save_safetensors
 from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
 from .ops.activation import geglu, gelu, relu, silu, swiglu
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
@@ -29,6 +30,7 @@ __all__ = [
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
     "fuse", "FusionError", "UnfusableError",
+    "load_safetensors", "save_safetensors", "SafetensorsError",
     "QuantizedWeight", "quantize_weight", "linear", "quantize_model",
     "where", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "minimum", "maximum", "pow", "cast",
 ]
