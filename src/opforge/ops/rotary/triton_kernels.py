@@ -1,0 +1,171 @@
+"""Triton kernels for rotary_embedding and kv_cache_append.
+
+``rotary``: one launch rotates q and k. Program (token, group) loads the token's position and
+its cos/sin rows once, then rotates a block of heads of q (the first groups) or of k (the
+rest) as a (heads x R/2) tile: the two halves of each pair are loaded, rotated in float32 and
+stored in the output dtype. Rotate-half and interleaved differ only in the pair offsets,
+(i, i + R/2) or (2i, 2i + 1). Features R..D-1 are copied when the output is a new tensor and
+left alone in place. q and k are read through their strides (a transposed (B, S, H, D) buffer
+viewed as (B, H, S, D) runs without a copy).
+
+A position outside ``[0, max_positions)`` is masked: cos and sin load as zero, so the rotated
+features of that token are written as 0 (visible, and no out-of-bounds read). No host sync.
+
+``kv_append``: program (token, group) reads ``cache_seqlens[b]`` and copies a block of heads of
+k and v into the caches at position ``cache_seqlens[b] + s``; a position outside
+``[0, S_max)`` is not written (the write is masked), so a bad length can never corrupt memory,
+even inside a CUDA graph where the host check is off.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import triton
+import triton.language as tl
+
+from ...runtime.errors import kernel_dtype_reason
+from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from .problem import AppendCall, RotaryCall, RotaryProblem
+from ...runtime import alloc
+
+TILE = 4096          # elements per (heads x features) tile of one program
+MAX_HEAD_DIM = 16384
+
+
+@triton.jit
+def _rotate_heads(x_ptr, o_ptr, c, sn, b, s, h0, H, sxb, sxh, sxs, sob, soh, sos, HALF, D,
+                  HB: tl.constexpr, HALF_P: tl.constexpr, TAIL_P: tl.constexpr,
+                  INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr):
+    heads = h0 + tl.arange(0, HB)
+    i = tl.arange(0, HALF_P)
+    hm = heads < H
+    m = hm[:, None] & (i < HALF)[None, :]
+    if INTERLEAVED:
+        first = 2 * i
+        second = 2 * i + 1
+    else:
+        first = i
+        second = i + HALF
+    heads64 = heads.to(tl.int64)
+    xrow = (b.to(tl.int64) * sxb + s.to(tl.int64) * sxs) + heads64[:, None] * sxh
+    orow = (b.to(tl.int64) * sob + s.to(tl.int64) * sos) + heads64[:, None] * soh
+    x1 = tl.load(x_ptr + xrow + first[None, :], mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + xrow + second[None, :], mask=m, other=0.0).to(tl.float32)
+    o1 = x1 * c[None, :] - x2 * sn[None, :]
+    o2 = x2 * c[None, :] + x1 * sn[None, :]
+    tl.store(o_ptr + orow + first[None, :], o1.to(o_ptr.dtype.element_ty), mask=m)
+    tl.store(o_ptr + orow + second[None, :], o2.to(o_ptr.dtype.element_ty), mask=m)
+    if COPY_TAIL:
+        j = 2 * HALF + tl.arange(0, TAIL_P)
+        tm = hm[:, None] & (j < D)[None, :]
+        tail = tl.load(x_ptr + xrow + j[None, :], mask=tm, other=0.0)
+        tl.store(o_ptr + orow + j[None, :], tail, mask=tm)
+
+
+@triton.jit
+def _rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
+                   S, Hq, Hkv, HALF, D, P, spb, sps, scos, ssin,
+                   sqb, sqh, sqs, sqob, sqoh, sqos, skb, skh, sks, skob, skoh, skos, q_groups,
+                   HBQ: tl.constexpr, HBK: tl.constexpr, HALF_P: tl.constexpr, TAIL_P: tl.constexpr,
+                   INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr):
+    tok = tl.program_id(0)
+    g = tl.program_id(1)
+    b = tok // S
+    s = tok % S
+    pos = tl.load(pos_ptr + (b.to(tl.int64) * spb + s.to(tl.int64) * sps)).to(tl.int64)
+    i = tl.arange(0, HALF_P)
+    cm = (i < HALF) & (pos >= 0) & (pos < P)
+    c = tl.load(cos_ptr + pos * scos + i, mask=cm, other=0.0)
+    sn = tl.load(sin_ptr + pos * ssin + i, mask=cm, other=0.0)
+    if g < q_groups:
+        _rotate_heads(q_ptr, qo_ptr, c, sn, b, s, g * HBQ, Hq, sqb, sqh, sqs, sqob, sqoh, sqos, HALF, D,
+                      HBQ, HALF_P, TAIL_P, INTERLEAVED, COPY_TAIL)
+    else:
+        _rotate_heads(k_ptr, ko_ptr, c, sn, b, s, (g - q_groups) * HBK, Hkv, skb, skh, sks, skob, skoh, skos,
+                      HALF, D, HBK, HALF_P, TAIL_P, INTERLEAVED, COPY_TAIL)
+
+
+_rotary = TritonLauncher(_rotary_kernel)
+
+
+def _heads_per_group(h: int, width: int) -> int:
+    return max(1, min(next_power_of_2(max(h, 1)), TILE // width))
+
+
+def launch_rotary(call: RotaryCall):
+    p = call.problem
+    q, k, cos, sin, pos = call.q, call.k, call.cos, call.sin, call.positions
+    if call.inplace:
+        qo, ko = q, k
+    else:
+        qo = alloc.empty(q.shape, q.dtype, q.device)
+        ko = alloc.empty(k.shape, k.dtype, k.device)
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    half = p.rotary_dim // 2
+    half_p = next_power_of_2(half)
+    copy_tail = not call.inplace and p.rotary_dim < d
+    tail_p = next_power_of_2(d - p.rotary_dim) if copy_tail else 1
+    width = max(half_p, tail_p)
+    hbq, hbk = _heads_per_group(hq, width), _heads_per_group(hkv, width)
+    q_groups, k_groups = cdiv(hq, hbq), cdiv(hkv, hbk)
+    spb, sps = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
+    tile = max(hbq, hbk) * width
+    _rotary((b * s, q_groups + k_groups),
+            (q, k, qo, ko, cos, sin, pos, s, hq, hkv, half, d, cos.shape[0], spb, sps, cos.stride(0), sin.stride(0),
+             q.stride(0), q.stride(1), q.stride(2), qo.stride(0), qo.stride(1), qo.stride(2),
+             k.stride(0), k.stride(1), k.stride(2), ko.stride(0), ko.stride(1), ko.stride(2), q_groups,
+             hbq, hbk, half_p, tail_p, p.interleaved, copy_tail),
+            num_warps=max(1, min(8, tile // 512)))
+    return qo, ko
+
+
+@triton.jit
+def _kv_append_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, len_ptr, S_new, H, D, S_max, slen,
+                      skcb, skch, skcs, svcb, svch, svcs, skb, skh, sks, svb, svh, svs,
+                      HB: tl.constexpr, D_P: tl.constexpr):
+    tok = tl.program_id(0)
+    g = tl.program_id(1)
+    b = tok // S_new
+    s = tok % S_new
+    pos = tl.load(len_ptr + b.to(tl.int64) * slen).to(tl.int64) + s
+    ok = (pos >= 0) & (pos < S_max)
+    heads = (g * HB + tl.arange(0, HB)).to(tl.int64)
+    d = tl.arange(0, D_P)
+    m = ((heads < H)[:, None] & (d < D)[None, :]) & ok
+    b64 = b.to(tl.int64)
+    s64 = s.to(tl.int64)
+    kx = tl.load(k_ptr + (b64 * skb + s64 * sks) + heads[:, None] * skh + d[None, :], mask=m)
+    vx = tl.load(v_ptr + (b64 * svb + s64 * svs) + heads[:, None] * svh + d[None, :], mask=m)
+    tl.store(kc_ptr + (b64 * skcb + pos * skcs) + heads[:, None] * skch + d[None, :], kx, mask=m)
+    tl.store(vc_ptr + (b64 * svcb + pos * svcs) + heads[:, None] * svch + d[None, :], vx, mask=m)
+
+
+_kv_append = TritonLauncher(_kv_append_kernel)
+
+
+def launch_kv_append(call: AppendCall) -> None:
+    kc, vc, k, v, lens = call.k_cache, call.v_cache, call.k, call.v, call.cache_seqlens
+    b, h, s_new, d = k.shape
+    d_p = next_power_of_2(d)
+    hb = _heads_per_group(h, d_p)
+    _kv_append((b * s_new, cdiv(h, hb)),
+               (kc, vc, k, v, lens, s_new, h, d, kc.shape[2], lens.stride(0),
+                kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+                k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), hb, d_p),
+               num_warps=max(1, min(8, hb * d_p // 512)))
+    return None
+
+
+def supports(p: RotaryProblem) -> Optional[str]:
+    name = "q" if p.op == "rotary_embedding" else "k_cache"
+    return kernel_dtype_reason("triton", p.dtype, name) or \
+        (None if p.head_dim <= MAX_HEAD_DIM else f"D={p.head_dim} > {MAX_HEAD_DIM}")
+
+
+def launch(call):
+    return launch_rotary(call) if call.problem.op == "rotary_embedding" else launch_kv_append(call)
+
+
+VARIANTS = (("heads", supports, launch,
+             "one program per token and block of heads; q and k (or k and v) in one launch"),)
