@@ -17,7 +17,7 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
     """``torch.empty``, NaN-filled while ``poisoned_outputs()`` is active."""
     out = torch.empty(shape, dtype=dtype, device=device)
     if _poison:
-        out.fill_(float("nan"))
+        out.fill_(float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min)  # ints: their minimum
     return out
 
 
