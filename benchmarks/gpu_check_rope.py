@@ -258,6 +258,13 @@ def timed(group: str, label: str, impl: str, nbytes: int, fn: Callable[[], Any],
         RESULTS["timings"].append({"group": group, "case": label, "impl": impl, "error": str(exc)})
 
 
+def timed_copy(group: str, label: str, nbytes: int, copy_gbs: float) -> None:
+    """A device-to-device copy moving the same bytes (read + written): the bar at this size."""
+    src = torch.empty(max(1, nbytes // 4), dtype=torch.int16, device=DEV)
+    dst = torch.empty_like(src)
+    timed(group, label, "copy of the same bytes", nbytes, lambda: dst.copy_(src), copy_gbs)
+
+
 def section_rotary(copy_gbs: float) -> None:
     shapes = {"decode": (64, 32, 8, 1, 128), "prefill": (1, 32, 8, 4096, 128)}
     if SMOKE:
@@ -269,6 +276,7 @@ def section_rotary(copy_gbs: float) -> None:
             es = q.element_size()
             nbytes = 2 * (q.numel() + k.numel()) * es + 2 * b * s * (d // 2) * 4 + pos.numel() * pos.element_size()
             label = f"{name} B={b} S={s} {str(dt)[6:]}"
+            timed_copy("rotary", label, nbytes, copy_gbs)
             timed("rotary", label, "opforge", nbytes, lambda: opforge.rotary_embedding(q, k, cos, sin, pos), copy_gbs)
             timed("rotary", label, "opforge inplace", nbytes,
                   lambda: opforge.rotary_embedding(q, k, cos, sin, pos, inplace=True), copy_gbs)
@@ -292,6 +300,7 @@ def section_append(copy_gbs: float) -> None:
         lens = torch.full((b,), s_max - s_new, dtype=torch.int32, device=DEV)
         nbytes = 4 * k.numel() * k.element_size() + lens.numel() * 4
         label = f"{name} B={b} S_new={s_new} bf16"
+        timed_copy("kv_append", label, nbytes, copy_gbs)
         timed("kv_append", label, "opforge check=False", nbytes,
               lambda: opforge.kv_cache_append(kc, vc, k, v, lens, check=False), copy_gbs)
         timed("kv_append", label, "opforge check=True (syncs)", nbytes,
@@ -311,6 +320,7 @@ def section_delay(copy_gbs: float) -> None:
             nbytes = 2 * codes.numel() * codes.element_size()
             label = f"B={b} T={t} C={c} {str(dt)[6:]}"
             out = torch.empty_like(codes)
+            timed_copy("delay", label, nbytes, copy_gbs)
             timed("delay", label, "opforge apply", nbytes,
                   lambda: opforge.apply_delay(codes, delays, bos_id=1026, pad_id=1025), copy_gbs)
             timed("delay", label, "opforge apply out=", nbytes,

@@ -136,3 +136,10 @@ def test_transformers_dia_helpers_agree():
             ours = opforge.revert_delay(codes, d, pad_id=cases.PAD) if revert else \
                 opforge.apply_delay(codes, d, bos_id=cases.BOS, pad_id=cases.PAD)
         assert torch.equal(ours, theirs.to(ours.dtype))
+
+
+def test_64_bit_index_path(monkeypatch):
+    from opforge.ops.delay import triton_kernels
+    monkeypatch.setattr(triton_kernels, "WIDE_FROM", 0)
+    check_case(cases.make_case("apply_delay", (2, 21, 9), torch.int64, "strided"), "triton")
+    check_case(cases.make_case("revert_delay", (2, 21, 9), torch.int32), "triton")
