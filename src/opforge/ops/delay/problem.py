@@ -44,7 +44,7 @@ _device_delays: dict[tuple, torch.Tensor] = {}
 
 def delays_tensor(delays: tuple, device: torch.device) -> torch.Tensor:
     """A small int32 device tensor of ``delays``, built once per distinct (delays, device)."""
-    key = (delays, str(device))
+    key = (delays, device)
     t = _device_delays.get(key)
     if t is None:
         if len(_device_delays) > 1024:
@@ -92,9 +92,33 @@ def _check_delays(delays: Delays, channels: int, device: torch.device) -> torch.
 _problems: dict[tuple, DelayProblem] = {}
 
 
+_RANGES = {dt: (torch.iinfo(dt).min, torch.iinfo(dt).max) for dt in CODE_DTYPES}
+
+
 def prepare(op: str, codes: torch.Tensor, delays: Delays, bos_id: Optional[int], pad_id: int,
             out: Optional[torch.Tensor]) -> DelayCall:
-    """Check every argument (raising before anything is written) and describe the call."""
+    """Check every argument (raising before anything is written) and describe the call.
+
+    The common case (int codes, a delays list or tuple seen before on this device, in-range ids,
+    no ``out``) costs a few attribute reads and one dictionary lookup; anything else goes
+    through the detailed path, which also makes the errors.
+    """
+    if out is None and type(codes) is torch.Tensor and type(delays) in (list, tuple) and type(pad_id) is int:
+        rng = _RANGES.get(codes.dtype)
+        if rng is not None and codes.dim() == 3 and rng[0] <= pad_id <= rng[1]:
+            bos = pad_id if op == "revert_delay" else bos_id
+            if type(bos) is int and rng[0] <= bos <= rng[1]:
+                device = codes.device
+                d = _device_delays.get((tuple(delays), device))
+                if d is not None and d.shape[0] == codes.shape[2]:
+                    problem = _problems.get((op, codes.dtype, device.type, codes.shape[2]))
+                    if problem is not None:
+                        return DelayCall(problem, codes, d, None, bos, pad_id)
+    return _prepare_detailed(op, codes, delays, bos_id, pad_id, out)
+
+
+def _prepare_detailed(op: str, codes: torch.Tensor, delays: Delays, bos_id: Optional[int], pad_id: int,
+                      out: Optional[torch.Tensor]) -> DelayCall:
     if not isinstance(codes, torch.Tensor):
         raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
     if codes.dtype not in CODE_DTYPES:

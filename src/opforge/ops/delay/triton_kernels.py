@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
-from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import DelayCall, DelayProblem
 
 BLOCK = 2048     # elements of one sequence's (T, C) plane per program
@@ -50,6 +50,10 @@ def _delay_kernel(codes_ptr, delays_ptr, out_ptr, T, C, blocks, scb, sct, scc, s
 _delay = TritonLauncher(_delay_kernel)
 
 
+def _fill_spec(v: int) -> tuple:
+    return (v == 1, v & 15 == 0, -I32_MAX - 1 <= v <= I32_MAX)
+
+
 def launch(call: DelayCall):
     codes = call.codes
     out = call.out if call.out is not None else alloc.empty(codes.shape, codes.dtype, codes.device)
@@ -58,10 +62,17 @@ def launch(call: DelayCall):
     block = max(16, min(BLOCK, next_power_of_2(plane)))
     blocks = cdiv(plane, block)
     sign = 1 if call.problem.op == "apply_delay" else -1
-    _delay((b * blocks,),
-           (codes, call.delays, out, t, c, blocks, *codes.stride(), *out.stride(),
-            call.fill_before, call.fill_after, sign, block, out.is_contiguous(), plane + block >= WIDE_FROM),
-           num_warps=max(1, min(8, block // 256)))
+    delays = call.delays
+    cs, os_ = codes.stride(), out.stride()
+    fb, fa = call.fill_before, call.fill_after
+    packed, wide, warps = out.is_contiguous(), plane + block >= WIDE_FROM, max(1, min(8, block // 256))
+    # everything Triton specializes on: dtypes, 16-byte alignment, ints equal to 1 / divisible by
+    # 16 / beyond int32 (the fill ids may be negative: their own class), and the constexprs
+    key = (codes.get_device(), codes.dtype, codes.data_ptr() & 15, delays.dtype, delays.data_ptr() & 15,
+           out.data_ptr() & 15, tuple(map(int_spec, (t, c, blocks) + cs + os_)), _fill_spec(fb), _fill_spec(fa),
+           sign, block, packed, wide, warps)
+    _delay((b * blocks,), (codes, delays, out, t, c, blocks, *cs, *os_, fb, fa, sign, block, packed, wide),
+           num_warps=warps, key=key)
     return out
 
 

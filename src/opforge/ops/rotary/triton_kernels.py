@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import AppendCall, RotaryCall, RotaryProblem
 from ...runtime import alloc
 
@@ -110,13 +110,15 @@ def launch_rotary(call: RotaryCall):
     hbq, hbk = _heads_per_group(hq, width), _heads_per_group(hkv, width)
     q_groups, k_groups = cdiv(hq, hbq), cdiv(hkv, hbk)
     spb, sps = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
-    tile = max(hbq, hbk) * width
-    _rotary((b * s, q_groups + k_groups),
-            (q, k, qo, ko, cos, sin, pos, s, hq, hkv, half, d, cos.shape[0], spb, sps, cos.stride(0), sin.stride(0),
-             q.stride(0), q.stride(1), q.stride(2), qo.stride(0), qo.stride(1), qo.stride(2),
-             k.stride(0), k.stride(1), k.stride(2), ko.stride(0), ko.stride(1), ko.stride(2), q_groups,
-             hbq, hbk, half_p, tail_p, p.interleaved, copy_tail),
-            num_warps=max(1, min(8, tile // 512)))
+    warps = max(1, min(8, max(hbq, hbk) * width // 512))
+    ints = (s, hq, hkv, half, d, cos.shape[0], spb, sps, cos.stride(0), sin.stride(0), *q.stride()[:3],
+            *qo.stride()[:3], *k.stride()[:3], *ko.stride()[:3], q_groups)
+    tensors = (q, k, qo, ko, cos, sin, pos)
+    consts = (hbq, hbk, half_p, tail_p, p.interleaved, copy_tail)
+    # what Triton specializes on: dtypes and 16-byte alignment of the tensors, the class of each int
+    key = (q.get_device(), pos.dtype, q.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
+        tuple(map(int_spec, ints)) + consts + (warps,)
+    _rotary((b * s, q_groups + k_groups), tensors + ints + consts, num_warps=warps, key=key)
     return qo, ko
 
 
@@ -149,11 +151,13 @@ def launch_kv_append(call: AppendCall) -> None:
     b, h, s_new, d = k.shape
     d_p = next_power_of_2(d)
     hb = _heads_per_group(h, d_p)
-    _kv_append((b * s_new, cdiv(h, hb)),
-               (kc, vc, k, v, lens, s_new, h, d, kc.shape[2], lens.stride(0),
-                kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
-                k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), hb, d_p),
-               num_warps=max(1, min(8, hb * d_p // 512)))
+    warps = max(1, min(8, hb * d_p // 512))
+    tensors = (kc, vc, k, v, lens)
+    ints = (s_new, h, d, kc.shape[2], lens.stride(0), *kc.stride()[:3], *vc.stride()[:3], *k.stride()[:3],
+            *v.stride()[:3])
+    key = (k.get_device(), k.dtype, lens.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
+        tuple(map(int_spec, ints)) + (hb, d_p, warps)
+    _kv_append((b * s_new, cdiv(h, hb)), tensors + ints + (hb, d_p), num_warps=warps, key=key)
     return None
 
 
