@@ -90,3 +90,10 @@ def test_delay_round_trip_and_out():
     assert delayed is out
     survive = (torch.arange(20).view(20, 1) + torch.tensor(d)) < 20
     assert torch.equal(back[:, survive], codes[:, survive]) and torch.all(back[:, ~survive] == -2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_kv_cache_append(dtype):
+    check_case(rotary_cases.make_fused_case((2, 4, 2, 3, 7, 16), dtype), "metal", device="cpu")
+    check_case(rotary_cases.make_fused_case((2, 3, 1, 2, 5, 16), dtype, r=8, interleaved=True, layout="transposed",
+                                            positions=True), "metal", device="cpu")

@@ -11,10 +11,16 @@ import torch
 
 from ...runtime import dispatch
 from . import reference
-from .problem import OPS, AppendCall, RotaryCall, check_append_range, prepare_append, prepare_rotary
+from .problem import (OPS, AppendCall, FusedCall, RotaryCall, check_append_range, check_table_range, prepare_append,
+                      prepare_fused, prepare_rotary)
 
 
 def _torch_launch(call):
+    if isinstance(call, FusedCall):
+        rot, app = call.rot, call.app
+        return reference.rotary_kv_cache_append(rot.q, rot.k, app.v, app.k_cache, app.v_cache, app.cache_seqlens,
+                                                rot.cos, rot.sin, call.positions(), call.problem.interleaved,
+                                                rot.inplace)
     if isinstance(call, RotaryCall):
         return reference.rotary_embedding(call.q, call.k, call.cos, call.sin, call.positions,
                                           call.problem.interleaved, call.inplace)
@@ -26,6 +32,8 @@ def _problem_builder(op: str):
         if op == "rotary_embedding":
             return prepare_rotary(*args, **kwargs).problem
         kwargs.pop("check", None)
+        if op == "rotary_kv_cache_append":
+            return prepare_fused(*args, **kwargs).problem
         return prepare_append(*args, **kwargs).problem
 
     return build
@@ -121,6 +129,55 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     return None
 
 
+def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                           v_cache: torch.Tensor, cache_seqlens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           positions: Optional[torch.Tensor] = None, *, interleaved: bool = False,
+                           inplace: bool = False, check: Optional[bool] = None) -> torch.Tensor:
+    """``rotary_embedding`` of q and k, then ``kv_cache_append`` of the rotated k and of v, in one pass.
+
+    On CUDA one kernel reads q, k and v once and writes the rotated q, and the rotated k and v
+    straight into the caches: the rotated k never goes through memory (the two-call sequence
+    writes it and reads it back), and there is one launch instead of two. On Metal and the torch
+    path it runs as the two steps.
+
+    Args:
+        q, k, cos, sin, interleaved: as in ``rotary_embedding``.
+        v, k_cache, v_cache, cache_seqlens: as in ``kv_cache_append`` (k and v: (B, Hkv, S, D)).
+        positions: rotation positions, (B, S) or (S,); by default ``cache_seqlens[b] + s``, the
+            positions the tokens get in the cache.
+        inplace: rotate q in place and return it (k is never modified).
+        check: as in ``kv_cache_append``: read ``cache_seqlens`` on the host and raise
+            ``IndexError`` before anything is written if a cache position leaves ``[0, S_max)``
+            or (with default positions) a position leaves the cos/sin table. Always on CPU; on a
+            GPU by default except while a CUDA graph is being captured. Unchecked, out-of-range
+            cache positions are not written and out-of-table positions rotate to zeros.
+
+    Returns:
+        The rotated q (new, or q itself when ``inplace``). The caller advances ``cache_seqlens``.
+
+    Example:
+        >>> import torch, opforge
+        >>> q, k, v = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8)
+        >>> kc, vc = torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 6, 8)
+        >>> angles = torch.arange(16.0)[:, None] * torch.tensor([1.0, 0.1, 0.01, 0.001])
+        >>> lens = torch.tensor([3])
+        >>> q_rot = opforge.rotary_kv_cache_append(q, k, v, kc, vc, lens, angles.cos(), angles.sin())
+        >>> q2, k2 = opforge.rotary_embedding(q, k, angles.cos(), angles.sin(), torch.tensor([3, 4]))
+        >>> torch.allclose(q_rot, q2) and torch.allclose(kc[:, :, 3:5], k2) and torch.equal(vc[:, :, 3:5], v)
+        True
+    """
+    call = prepare_fused(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved, inplace)
+    if k.numel() == 0 and q.numel() == 0:
+        return q if inplace else torch.empty_like(q)
+    if check is None:
+        check = k_cache.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    if check or k_cache.device.type == "cpu":
+        check_append_range(call.app)
+        if positions is None and k.shape[2]:
+            check_table_range(cache_seqlens.to("cpu", torch.int64) + k.shape[2] - 1, cos.shape[0])
+    return dispatch.run("rotary_kv_cache_append", call, q)
+
+
 _register()
 
-__all__ = ["rotary_embedding", "kv_cache_append"]
+__all__ = ["rotary_embedding", "kv_cache_append", "rotary_kv_cache_append"]

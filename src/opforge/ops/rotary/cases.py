@@ -104,4 +104,60 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
               make_rotary_case(rot[0], torch.float32, r=rot[0][-1] // 4, interleaved=True, positions="1d")]
     cases += [make_append_case(s, dt) for s in app for dt in DTYPES]
     cases.append(make_append_case(app[0], torch.float16, layout="transposed"))
-    return cases
+    return cases + fused_verify_cases(device_type, quick)
+
+
+def _fused_call(q, k, v, k_cache, v_cache, seqlens, cos, sin, k_cache0, v_cache0, **kwargs):
+    from . import rotary_kv_cache_append
+    q_rot = rotary_kv_cache_append(q, k, v, k_cache, v_cache, seqlens, cos, sin, **kwargs)
+    return q_rot, k_cache, v_cache
+
+
+def _fused_oracle(args: tuple, kwargs: dict) -> tuple:
+    q, k, v, _, _, seqlens, cos, sin, k0, v0 = args
+    pos = kwargs.get("positions")
+    if pos is None:
+        pos = seqlens.long().view(-1, 1) + torch.arange(q.shape[2], device=q.device).view(1, -1)
+    kc, vc = k0.double(), v0.double()
+    q_rot = reference.rotary_kv_cache_append(q.double(), k.double(), v.double(), kc, vc, seqlens, cos.double(),
+                                             sin.double(), pos, kwargs.get("interleaved", False))
+    return q_rot, kc, vc
+
+
+def make_fused_case(shape: tuple, dtype: torch.dtype, r: int = 0, interleaved: bool = False,
+                    layout: str = "packed", positions: bool = False) -> Case:
+    """A rotary_kv_cache_append Case; ``shape`` is (B, Hq, Hkv, S, S_max, D). The last sequence ends at S_max.
+
+    ``positions``: pass explicit positions (else they come from the cache lengths)."""
+    b, hq, hkv, s, s_max, d = shape
+    r = r or d
+
+    def make(device):
+        q, k, cos, sin, pos = make_rotary_inputs(b, hq, hkv, s, d, r, dtype, device, layout, "2d",
+                                                 max_positions=s_max + 8)
+        v = torch.randn(b, hkv, s, d, dtype=dtype, device=device)
+        kc = torch.randn(b, hkv, s_max, d, dtype=dtype, device=device)
+        if layout == "transposed":
+            vc = torch.randn(b, s_max, hkv, d, dtype=dtype, device=device).transpose(1, 2)
+        else:
+            vc = torch.randn(b, hkv, s_max, d, dtype=dtype, device=device)
+        lens = torch.randint(0, s_max - s + 1, (b,), dtype=torch.int32)
+        lens[-1] = s_max - s
+        kwargs = {"interleaved": True} if interleaved else {}
+        if positions:
+            kwargs["positions"] = pos
+        return (q, k, v, kc, vc, lens.to(device), cos, sin, kc.clone(), vc.clone()), kwargs
+
+    label = " ".join(filter(None, [layout if layout != "packed" else "", f"R={r}" if r != d else "",
+                                   "interleaved" if interleaved else "", "positions" if positions else ""]))
+    return Case("rotary_kv_cache_append", shape, dtype, label or "packed", make, _fused_call, _fused_oracle)
+
+
+def fused_verify_cases(device_type: str, quick: bool = False) -> list[Case]:
+    shapes = [(2, 4, 2, 1, 8, 16), (1, 3, 1, 4, 9, 32)] if device_type == "cpu" else \
+        [(64, 32, 8, 1, 4096, 128), (1, 32, 8, 1024, 4096, 128)]
+    if quick:
+        shapes = shapes[:1]
+    return [make_fused_case(s, dt) for s in shapes for dt in DTYPES] + \
+        [make_fused_case(shapes[0], torch.bfloat16, r=shapes[0][-1] // 2, interleaved=True, layout="transposed",
+                         positions=True)]

@@ -20,7 +20,7 @@ import torch
 from ...runtime import alloc
 from ...runtime import metal as metal_runtime
 from ...runtime.errors import kernel_dtype_reason
-from .problem import AppendCall, RotaryCall, RotaryProblem
+from .problem import AppendCall, FusedCall, RotaryCall, RotaryProblem
 
 SOURCE = Path(__file__).with_name("rotary.metal")
 GROUP = 256
@@ -87,12 +87,31 @@ def launch_kv_append(call: AppendCall) -> None:
     return None
 
 
+def launch_fused(call: FusedCall) -> torch.Tensor:
+    """Not fused on Metal: rotate q (in place or not) and k (into a temporary), then append."""
+    rot, app = call.rot, call.app
+    positions = call.positions()
+    q, k = rot.q, rot.k
+    rcall = RotaryCall(rot.problem, q, k, rot.cos, rot.sin, positions, False)
+    fn = metal_runtime.kernel(SOURCE, f"rope_{TYPE_NAMES[q.dtype]}_{INDEX_NAMES[positions.dtype]}", q.device.type)
+    qo = q if rot.inplace else alloc.empty(q.shape, q.dtype, q.device)
+    k_rot = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if q.numel():
+        _rotate_one(fn, q, qo, rcall, not rot.inplace)
+    _rotate_one(fn, k, k_rot, rcall, True)
+    launch_kv_append(AppendCall(app.problem, app.k_cache, app.v_cache, k_rot, app.v, app.cache_seqlens))
+    return qo
+
+
 def launch(call):
-    return launch_rotary(call) if call.problem.op == "rotary_embedding" else launch_kv_append(call)
+    op = call.problem.op
+    if op == "rotary_embedding":
+        return launch_rotary(call)
+    return launch_kv_append(call) if op == "kv_cache_append" else launch_fused(call)
 
 
 def supports(p: RotaryProblem) -> Optional[str]:
-    return kernel_dtype_reason("metal", p.dtype, "q" if p.op == "rotary_embedding" else "k_cache") or \
+    return kernel_dtype_reason("metal", p.dtype, "k_cache" if p.op == "kv_cache_append" else "q") or \
         metal_runtime.bfloat_reason(p.dtype, p.device_type, SOURCE, "rope_bfloat_int")
 
 

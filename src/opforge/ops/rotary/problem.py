@@ -14,7 +14,7 @@ import torch
 
 from ...runtime.errors import FLOAT_DTYPES
 
-OPS = ("rotary_embedding", "kv_cache_append")
+OPS = ("rotary_embedding", "kv_cache_append", "rotary_kv_cache_append")
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -35,9 +35,10 @@ class RotaryProblem:
 
     def describe(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
-        if self.op == "rotary_embedding":
+        if self.op != "kv_cache_append":
             conv = "interleaved" if self.interleaved else "rotate-half"
-            return f"q/k {dt} D={self.head_dim} R={self.rotary_dim} {conv} {self.device_type}"
+            what = "q/k" if self.op == "rotary_embedding" else "q/k/v into k/v cache"
+            return f"{what} {dt} D={self.head_dim} R={self.rotary_dim} {conv} {self.device_type}"
         return f"k/v cache {dt} D={self.head_dim} {self.device_type}"
 
 
@@ -96,8 +97,19 @@ def _problem(*fields) -> RotaryProblem:
     return problem
 
 
-def prepare_rotary(q, k, cos, sin, positions, interleaved: bool = False, inplace: bool = False) -> RotaryCall:
-    """Check every rotary_embedding argument (raising before anything is written) and describe the call."""
+def check_table_range(positions: torch.Tensor, rows: int) -> None:
+    """Raise ``IndexError`` unless every position is in ``[0, rows)`` (reads the values: host side)."""
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= rows:
+        bad = lo if lo < 0 else hi
+        raise IndexError(f"positions must be in [0, {rows}) (the rows of cos/sin), got {bad}")
+
+
+def prepare_rotary(q, k, cos, sin, positions, interleaved: bool = False, inplace: bool = False,
+                   op: str = "rotary_embedding") -> RotaryCall:
+    """Check every rotary_embedding argument (raising before anything is written) and describe the call.
+
+    ``op="rotary_kv_cache_append"`` allows ``positions=None`` (taken from the cache lengths)."""
     q = _tensor("q", q, 4)
     k = _tensor("k", k, 4)
     _float("q", q)
@@ -123,20 +135,19 @@ def prepare_rotary(q, k, cos, sin, positions, interleaved: bool = False, inplace
         raise ValueError("cos and sin must have at least one column (rotary dim R = 2 * columns >= 2)")
     if r > d:
         raise ValueError(f"rotary dim R = 2 * cos.shape[1] = {r} exceeds the head dim D = {d}")
-    positions = _tensor("positions", positions)
-    if positions.dtype not in INDEX_DTYPES:
-        raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
-    if tuple(positions.shape) not in ((b, s), (s,)):
-        raise ValueError(f"positions must have shape (B, S) = ({b}, {s}) or (S,) = ({s},), got {tuple(positions.shape)}")
-    _same_device("positions", positions, device, "q")
+    if positions is not None or op == "rotary_embedding":
+        positions = _tensor("positions", positions)
+        if positions.dtype not in INDEX_DTYPES:
+            raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+        if tuple(positions.shape) not in ((b, s), (s,)):
+            raise ValueError(f"positions must have shape (B, S) = ({b}, {s}) or (S,) = ({s},), "
+                             f"got {tuple(positions.shape)}")
+        _same_device("positions", positions, device, "q")
     if not isinstance(interleaved, bool) or not isinstance(inplace, bool):
         raise TypeError("interleaved and inplace must be bools")
-    if device.type == "cpu" and positions.numel():
-        lo, hi = int(positions.min()), int(positions.max())
-        if lo < 0 or hi >= cos.shape[0]:
-            bad = lo if lo < 0 else hi
-            raise IndexError(f"positions must be in [0, {cos.shape[0]}) (the rows of cos/sin), got {bad}")
-    problem = _problem("rotary_embedding", q.dtype, device.type, d, r, interleaved)
+    if device.type == "cpu" and positions is not None and positions.numel():
+        check_table_range(positions, cos.shape[0])
+    problem = _problem(op, q.dtype, device.type, d, r, interleaved)
     return RotaryCall(problem, q, k, cos, sin, positions, inplace)
 
 
@@ -187,3 +198,30 @@ def check_append_range(call: AppendCall) -> None:
         raise IndexError(f"kv_cache_append: sequence {i} would write positions {start}..{start + s_new - 1} "
                          f"but the cache holds positions 0..{s_max - 1} (cache_seqlens[{i}] = {start}, "
                          f"S_new = {s_new}, S_max = {s_max}); nothing was written")
+
+
+class FusedCall:
+    """A validated rotary_kv_cache_append call: the rotary part and the append part."""
+
+    __slots__ = ("problem", "rot", "app", "note")
+
+    def __init__(self, rot: RotaryCall, app: AppendCall):
+        self.problem, self.rot, self.app, self.note = rot.problem, rot, app, ""
+
+    def positions(self) -> torch.Tensor:
+        """The rotation positions: the given ones, or ``cache_seqlens[b] + s`` (a device op, no sync)."""
+        if self.rot.positions is not None:
+            return self.rot.positions
+        lens = self.app.cache_seqlens
+        s = self.rot.q.shape[2]
+        return lens.view(-1, 1) + torch.arange(s, device=lens.device, dtype=lens.dtype).view(1, s)
+
+
+def prepare_fused(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions=None,
+                  interleaved: bool = False, inplace: bool = False) -> FusedCall:
+    """Check every rotary_kv_cache_append argument by shape, dtype and device and describe the call."""
+    rot = prepare_rotary(q, k, cos, sin, positions, interleaved, inplace, op="rotary_kv_cache_append")
+    app = prepare_append(k_cache, v_cache, k, v, cache_seqlens)
+    if k_cache.device != q.device:
+        raise ValueError(f"k_cache is on {k_cache.device} but q is on {q.device}: all tensors must be on one device")
+    return FusedCall(rot, app)

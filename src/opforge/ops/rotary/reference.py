@@ -87,3 +87,16 @@ def kv_cache_append(k_cache, v_cache, k, v, cache_seqlens) -> None:
     # advanced indices on dims 0 and 2 with a slice between: indexed shape (N, H, D)
     k_cache[bi, :, pi] = k[bi, :, si]
     v_cache[bi, :, pi] = v[bi, :, si]
+
+
+def rotary_kv_cache_append(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved=False,
+                           inplace=False):
+    """Rotate q and k, write the rotated k and v into the caches; returns the rotated q (q itself
+    when ``inplace``). ``positions`` must be given (the public function derives it from
+    ``cache_seqlens`` when the caller does not)."""
+    q_out = rotate(q, cos, sin, positions, interleaved)
+    kv_cache_append(k_cache, v_cache, rotate(k, cos, sin, positions, interleaved), v, cache_seqlens)
+    if inplace:
+        q.copy_(q_out)
+        return q
+    return q_out

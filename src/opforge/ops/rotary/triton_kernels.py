@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
-from .problem import AppendCall, RotaryCall, RotaryProblem
+from .problem import AppendCall, FusedCall, RotaryCall, RotaryProblem
 from ...runtime import alloc
 
 TILE = 4096          # elements per (heads x features) tile of one program
@@ -33,12 +33,14 @@ MAX_HEAD_DIM = 16384
 
 
 @triton.jit
-def _rotate_heads(x_ptr, o_ptr, c, sn, b, s, h0, H, sxb, sxh, sxs, sob, soh, sos, HALF, D,
+def _rotate_heads(x_ptr, o_ptr, c, sn, x_base, o_base, ok, h0, H, sxh, soh, HALF, D,
                   HB: tl.constexpr, HALF_P: tl.constexpr, TAIL_P: tl.constexpr,
                   INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr):
+    """Rotate heads h0 .. h0 + HB - 1 of one token: x at x_base + h * sxh, out at o_base + h * soh
+    (written only where the scalar ``ok`` holds)."""
     heads = h0 + tl.arange(0, HB)
     i = tl.arange(0, HALF_P)
-    hm = heads < H
+    hm = (heads < H) & ok
     m = hm[:, None] & (i < HALF)[None, :]
     if INTERLEAVED:
         first = 2 * i
@@ -47,8 +49,8 @@ def _rotate_heads(x_ptr, o_ptr, c, sn, b, s, h0, H, sxb, sxh, sxs, sob, soh, sos
         first = i
         second = i + HALF
     heads64 = heads.to(tl.int64)
-    xrow = (b.to(tl.int64) * sxb + s.to(tl.int64) * sxs) + heads64[:, None] * sxh
-    orow = (b.to(tl.int64) * sob + s.to(tl.int64) * sos) + heads64[:, None] * soh
+    xrow = x_base + heads64[:, None] * sxh
+    orow = o_base + heads64[:, None] * soh
     x1 = tl.load(x_ptr + xrow + first[None, :], mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + xrow + second[None, :], mask=m, other=0.0).to(tl.float32)
     o1 = x1 * c[None, :] - x2 * sn[None, :]
@@ -59,7 +61,17 @@ def _rotate_heads(x_ptr, o_ptr, c, sn, b, s, h0, H, sxb, sxh, sxs, sob, soh, sos
         j = 2 * HALF + tl.arange(0, TAIL_P)
         tm = hm[:, None] & (j < D)[None, :]
         tail = tl.load(x_ptr + xrow + j[None, :], mask=tm, other=0.0)
-        tl.store(o_ptr + orow + j[None, :], tail, mask=tm)
+        tl.store(o_ptr + orow + j[None, :], tail.to(o_ptr.dtype.element_ty), mask=tm)
+
+
+@triton.jit
+def _angles(cos_ptr, sin_ptr, pos, P, scos, ssin, HALF, HALF_P: tl.constexpr):
+    """The cos and sin rows of ``pos``; zeros (and no read) outside [0, P)."""
+    i = tl.arange(0, HALF_P)
+    cm = (i < HALF) & (pos >= 0) & (pos < P)
+    c = tl.load(cos_ptr + pos * scos + i, mask=cm, other=0.0)
+    sn = tl.load(sin_ptr + pos * ssin + i, mask=cm, other=0.0)
+    return c, sn
 
 
 @triton.jit
@@ -70,19 +82,50 @@ def _rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr):
     tok = tl.program_id(0)
     g = tl.program_id(1)
-    b = tok // S
-    s = tok % S
-    pos = tl.load(pos_ptr + (b.to(tl.int64) * spb + s.to(tl.int64) * sps)).to(tl.int64)
-    i = tl.arange(0, HALF_P)
-    cm = (i < HALF) & (pos >= 0) & (pos < P)
-    c = tl.load(cos_ptr + pos * scos + i, mask=cm, other=0.0)
-    sn = tl.load(sin_ptr + pos * ssin + i, mask=cm, other=0.0)
+    b = (tok // S).to(tl.int64)
+    s = (tok % S).to(tl.int64)
+    pos = tl.load(pos_ptr + (b * spb + s * sps)).to(tl.int64)
+    c, sn = _angles(cos_ptr, sin_ptr, pos, P, scos, ssin, HALF, HALF_P)
     if g < q_groups:
-        _rotate_heads(q_ptr, qo_ptr, c, sn, b, s, g * HBQ, Hq, sqb, sqh, sqs, sqob, sqoh, sqos, HALF, D,
-                      HBQ, HALF_P, TAIL_P, INTERLEAVED, COPY_TAIL)
+        _rotate_heads(q_ptr, qo_ptr, c, sn, b * sqb + s * sqs, b * sqob + s * sqos, b >= 0, g * HBQ, Hq, sqh, sqoh,
+                      HALF, D, HBQ, HALF_P, TAIL_P, INTERLEAVED, COPY_TAIL)
     else:
-        _rotate_heads(k_ptr, ko_ptr, c, sn, b, s, (g - q_groups) * HBK, Hkv, skb, skh, sks, skob, skoh, skos,
-                      HALF, D, HBK, HALF_P, TAIL_P, INTERLEAVED, COPY_TAIL)
+        _rotate_heads(k_ptr, ko_ptr, c, sn, b * skb + s * sks, b * skob + s * skos, b >= 0, (g - q_groups) * HBK,
+                      Hkv, skh, skoh, HALF, D, HBK, HALF_P, TAIL_P, INTERLEAVED, COPY_TAIL)
+
+
+@triton.jit
+def _rotary_append_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pos_ptr, len_ptr,
+                          S, Hq, Hkv, HALF, D, P, S_max, spb, sps, slen, scos, ssin,
+                          sqb, sqh, sqs, sqob, sqoh, sqos, skb, skh, sks, svb, svh, svs,
+                          skcb, skch, skcs, svcb, svch, svcs, q_groups, k_groups,
+                          HBQ: tl.constexpr, HBK: tl.constexpr, HALF_P: tl.constexpr, TAIL_P: tl.constexpr,
+                          D_P: tl.constexpr, INTERLEAVED: tl.constexpr, Q_TAIL: tl.constexpr,
+                          K_TAIL: tl.constexpr, POS_FROM_LENS: tl.constexpr):
+    tok = tl.program_id(0)
+    g = tl.program_id(1)
+    b = (tok // S).to(tl.int64)
+    s = (tok % S).to(tl.int64)
+    cpos = tl.load(len_ptr + b * slen).to(tl.int64) + s
+    ok = (cpos >= 0) & (cpos < S_max)
+    if g < q_groups + k_groups:
+        if POS_FROM_LENS:
+            pos = cpos
+        else:
+            pos = tl.load(pos_ptr + (b * spb + s * sps)).to(tl.int64)
+        c, sn = _angles(cos_ptr, sin_ptr, pos, P, scos, ssin, HALF, HALF_P)
+        if g < q_groups:
+            _rotate_heads(q_ptr, qo_ptr, c, sn, b * sqb + s * sqs, b * sqob + s * sqos, b >= 0, g * HBQ, Hq,
+                          sqh, sqoh, HALF, D, HBQ, HALF_P, TAIL_P, INTERLEAVED, Q_TAIL)
+        else:
+            _rotate_heads(k_ptr, kc_ptr, c, sn, b * skb + s * sks, b * skcb + cpos * skcs, ok,
+                          (g - q_groups) * HBK, Hkv, skh, skch, HALF, D, HBK, HALF_P, TAIL_P, INTERLEAVED, K_TAIL)
+    else:
+        heads = ((g - q_groups - k_groups) * HBK + tl.arange(0, HBK)).to(tl.int64)
+        d = tl.arange(0, D_P)
+        m = ((heads < Hkv) & ok)[:, None] & (d < D)[None, :]
+        x = tl.load(v_ptr + (b * svb + s * svs) + heads[:, None] * svh + d[None, :], mask=m)
+        tl.store(vc_ptr + (b * svcb + cpos * svcs) + heads[:, None] * svch + d[None, :], x, mask=m)
 
 
 _rotary = TritonLauncher(_rotary_kernel)
@@ -161,14 +204,54 @@ def launch_kv_append(call: AppendCall) -> None:
     return None
 
 
+_rotary_append = TritonLauncher(_rotary_append_kernel)
+
+
+def launch_fused(call: FusedCall):
+    p = call.problem
+    rot, app = call.rot, call.app
+    q, k, v, kc, vc, lens = rot.q, rot.k, app.v, app.k_cache, app.v_cache, app.cache_seqlens
+    cos, sin = rot.cos, rot.sin
+    pos = rot.positions if rot.positions is not None else lens   # unused when taken from lens
+    qo = q if rot.inplace else alloc.empty(q.shape, q.dtype, q.device)
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    half = p.rotary_dim // 2
+    half_p = next_power_of_2(half)
+    q_tail = not rot.inplace and p.rotary_dim < d
+    k_tail = p.rotary_dim < d
+    tail_p = next_power_of_2(d - p.rotary_dim) if k_tail else 1
+    d_p = next_power_of_2(d)
+    width = max(half_p, tail_p)
+    hbq, hbk = _heads_per_group(hq, width), _heads_per_group(hkv, d_p)
+    q_groups, k_groups = cdiv(hq, hbq), cdiv(hkv, hbk)
+    if rot.positions is None:
+        spb = sps = 0
+    else:
+        spb, sps = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
+    warps = max(1, min(8, max(hbq * width, hbk * d_p) // 512))
+    tensors = (q, k, v, qo, kc, vc, cos, sin, pos, lens)
+    ints = (s, hq, hkv, half, d, cos.shape[0], kc.shape[2], spb, sps, lens.stride(0), cos.stride(0), sin.stride(0),
+            *q.stride()[:3], *qo.stride()[:3], *k.stride()[:3], *v.stride()[:3], *kc.stride()[:3],
+            *vc.stride()[:3], q_groups, k_groups)
+    consts = (hbq, hbk, half_p, tail_p, d_p, p.interleaved, q_tail, k_tail, rot.positions is None)
+    key = (q.get_device(), q.dtype, pos.dtype, lens.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
+        tuple(map(int_spec, ints)) + consts + (warps,)
+    _rotary_append((b * s, q_groups + 2 * k_groups), tensors + ints + consts, num_warps=warps, key=key)
+    return qo
+
+
 def supports(p: RotaryProblem) -> Optional[str]:
-    name = "q" if p.op == "rotary_embedding" else "k_cache"
+    name = "k_cache" if p.op == "kv_cache_append" else "q"
     return kernel_dtype_reason("triton", p.dtype, name) or \
         (None if p.head_dim <= MAX_HEAD_DIM else f"D={p.head_dim} > {MAX_HEAD_DIM}")
 
 
 def launch(call):
-    return launch_rotary(call) if call.problem.op == "rotary_embedding" else launch_kv_append(call)
+    op = call.problem.op
+    if op == "rotary_embedding":
+        return launch_rotary(call)
+    return launch_kv_append(call) if op == "kv_cache_append" else launch_fused(call)
 
 
 VARIANTS = (("heads", supports, launch,
