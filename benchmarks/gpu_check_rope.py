@@ -3,6 +3,9 @@
     PYTHONPATH=src python3 benchmarks/gpu_check_rope.py [--out DIR]      # < 2 minutes on an H100
     PYTHONPATH=src python3 benchmarks/gpu_check_rope.py --cpu-smoke      # tiny shapes, interpreter
 
+   rotary_kv_cache_append (one kernel) vs the two opforge calls and the torch composites; the
+   % of copy of all three counts the fused op's bytes, so the two-call rows show what the
+   rotated k's round trip through memory costs.
 1. Correctness: every case against the float64 oracle on fresh random data, outputs NaN-poisoned
    (ints: their minimum) first; PASS/FAIL per case.
 2. Copy bandwidth: a 512 MiB device-to-device copy (bytes read + written / median time).
@@ -129,6 +132,13 @@ def section_checks() -> None:
             for layout in ("packed", "transposed"):
                 case = rot_cases.make_append_case(shape, dt, layout)
                 check(f"kv_append {shape} {dt} {layout}", lambda c=case: run_case(c), 0.0)
+    fused = [(2, 4, 2, 1, 8, 16)] if SMOKE else [(64, 32, 8, 1, 4096, 128), (1, 32, 8, 4096, 8192, 128),
+                                               (3, 12, 4, 17, 40, 80)]
+    for shape in fused:
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
+            for r, inter, layout, pos in ((0, False, "packed", False), (shape[-1] // 2, True, "transposed", True)):
+                case = rot_cases.make_fused_case(shape, dt, r=r, interleaved=inter, layout=layout, positions=pos)
+                check(f"rotary_kv_cache_append {shape} {dt} {case.label}", lambda c=case: run_case(c), TOLERANCE[dt])
     check("kv_append one past the end raises, cache untouched", append_past_end_err, 0.0)
     check("kv_append unchecked in a CUDA graph masks out-of-range writes", append_graph_err, 0.0)
     for shape in dl:
@@ -308,6 +318,42 @@ def section_append(copy_gbs: float) -> None:
         timed("kv_append", label, "torch index assignment", nbytes, lambda: torch_append(kc, vc, k, v, lens), copy_gbs)
 
 
+def section_fused(copy_gbs: float) -> None:
+    """rotary_kv_cache_append vs the two opforge calls and the torch composites (bytes saved: k's round trip)."""
+    shapes = {"decode": (64, 32, 8, 1, 4096, 128), "prefill": (1, 32, 8, 4096, 8192, 128)}
+    if SMOKE:
+        shapes = {"decode": (2, 4, 2, 1, 8, 16)}
+    for name, (b, hq, hkv, s, s_max, d) in shapes.items():
+        dt = torch.bfloat16
+        q, k, cos, sin, _ = rot_cases.make_rotary_inputs(b, hq, hkv, s, d, d, dt, DEV, max_positions=s_max + 8)
+        v = torch.randn_like(k)
+        kc = torch.randn(b, hkv, s_max, d, dtype=dt, device=DEV)
+        vc = torch.randn_like(kc)
+        lens = torch.full((b,), s_max - s, dtype=torch.int32, device=DEV)
+        pos = lens.view(b, 1) + torch.arange(s, device=DEV, dtype=torch.int32).view(1, s)
+        es = q.element_size()
+        table = 2 * b * s * (d // 2) * 4
+        fused_bytes = (2 * q.numel() + 4 * k.numel()) * es + table
+        label = f"{name} B={b} S={s} bf16"
+        timed_copy("fused", label, fused_bytes, copy_gbs)
+        timed("fused", label, "opforge fused check=False", fused_bytes,
+              lambda: opforge.rotary_kv_cache_append(q, k, v, kc, vc, lens, cos, sin, check=False), copy_gbs)
+        timed("fused", label, "opforge fused inplace", fused_bytes,
+              lambda: opforge.rotary_kv_cache_append(q, k, v, kc, vc, lens, cos, sin, inplace=True, check=False),
+              copy_gbs)
+
+        def two_calls():
+            q2, k2 = opforge.rotary_embedding(q, k, cos, sin, pos)
+            opforge.kv_cache_append(kc, vc, k2, v, lens, check=False)
+
+        def torch_two():
+            q2, k2 = torch_rope(q, k, cos, sin, pos)
+            torch_append(kc, vc, k2, v, lens)
+
+        timed("fused", label, "opforge two calls", fused_bytes, two_calls, copy_gbs)
+        timed("fused", label, "torch composite", fused_bytes, torch_two, copy_gbs)
+
+
 def section_delay(copy_gbs: float) -> None:
     sizes = [(b, 3072, c) for c in (9, 32) for b in (1, 8, 32)]
     if SMOKE:
@@ -365,7 +411,7 @@ def _run(args) -> int:
     copy_gbs = measure_copy_gbs()
     RESULTS["copy_gbs"] = copy_gbs
     print(f"copy bandwidth {copy_gbs:.0f} GB/s  ({time.perf_counter() - T0:.0f} s so far)", flush=True)
-    for section in (section_rotary, section_append, section_delay):
+    for section in (section_rotary, section_append, section_fused, section_delay):
         try:
             section(copy_gbs)
         except Exception:
