@@ -23,7 +23,7 @@ WIDE_FROM = 2**31   # planes (plus a block) from this size index in 64 bits
 
 
 @triton.jit
-def _delay_kernel(codes_ptr, delays_ptr, out_ptr, T, C, blocks, scb, sct, scc, sob, sot, soc,
+def _delay_kernel(codes_ptr, delays_ptr, out_ptr, T, C, plane, blocks, scb, sct, scc, sob, sot, soc,
                   fill_before, fill_after, SIGN: tl.constexpr, BLOCK: tl.constexpr, OUT_PACKED: tl.constexpr,
                   WIDE: tl.constexpr):
     pid = tl.program_id(0)
@@ -32,7 +32,7 @@ def _delay_kernel(codes_ptr, delays_ptr, out_ptr, T, C, blocks, scb, sct, scc, s
         e = (pid % blocks).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
         e = (pid % blocks) * BLOCK + tl.arange(0, BLOCK)   # flat index t * C + c in the plane
-    live = e < T * C
+    live = e < plane
     t = e // C
     c = e - t * C
     d = tl.load(delays_ptr + c, mask=live, other=0).to(e.dtype)
@@ -41,7 +41,7 @@ def _delay_kernel(codes_ptr, delays_ptr, out_ptr, T, C, blocks, scb, sct, scc, s
     x = tl.load(codes_ptr + (b * scb + src.to(tl.int64) * sct + c.to(tl.int64) * scc), mask=live & inside, other=0)
     y = tl.where(inside, x, tl.where(src < 0, fill_before, fill_after))
     if OUT_PACKED:
-        dst = b * T * C + e.to(tl.int64)
+        dst = b * plane + e.to(tl.int64)   # plane (T * C) is its own argument: Triton sees its alignment
     else:
         dst = b * sob + t.to(tl.int64) * sot + c.to(tl.int64) * soc
     tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=live)
@@ -69,9 +69,9 @@ def launch(call: DelayCall):
     # everything Triton specializes on: dtypes, 16-byte alignment, ints equal to 1 / divisible by
     # 16 / beyond int32 (the fill ids may be negative: their own class), and the constexprs
     key = (codes.get_device(), codes.dtype, codes.data_ptr() & 15, delays.dtype, delays.data_ptr() & 15,
-           out.data_ptr() & 15, tuple(map(int_spec, (t, c, blocks) + cs + os_)), _fill_spec(fb), _fill_spec(fa),
+           out.data_ptr() & 15, tuple(map(int_spec, (t, c, plane, blocks) + cs + os_)), _fill_spec(fb), _fill_spec(fa),
            sign, block, packed, wide, warps)
-    _delay((b * blocks,), (codes, delays, out, t, c, blocks, *cs, *os_, fb, fa, sign, block, packed, wide),
+    _delay((b * blocks,), (codes, delays, out, t, c, plane, blocks, *cs, *os_, fb, fa, sign, block, packed, wide),
            num_warps=warps, key=key)
     return out
 

@@ -39,24 +39,30 @@ def _rotate_heads(x_ptr, o_ptr, c, sn, x_base, o_base, ok, h0, H, sxh, soh, HALF
     """Rotate heads h0 .. h0 + HB - 1 of one token: x at x_base + h * sxh, out at o_base + h * soh
     (written only where the scalar ``ok`` holds)."""
     heads = h0 + tl.arange(0, HB)
-    i = tl.arange(0, HALF_P)
     hm = (heads < H) & ok
-    m = hm[:, None] & (i < HALF)[None, :]
-    if INTERLEAVED:
-        first = 2 * i
-        second = 2 * i + 1
-    else:
-        first = i
-        second = i + HALF
     heads64 = heads.to(tl.int64)
     xrow = x_base + heads64[:, None] * sxh
     orow = o_base + heads64[:, None] * soh
-    x1 = tl.load(x_ptr + xrow + first[None, :], mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + xrow + second[None, :], mask=m, other=0.0).to(tl.float32)
-    o1 = x1 * c[None, :] - x2 * sn[None, :]
-    o2 = x2 * c[None, :] + x1 * sn[None, :]
-    tl.store(o_ptr + orow + first[None, :], o1.to(o_ptr.dtype.element_ty), mask=m)
-    tl.store(o_ptr + orow + second[None, :], o2.to(o_ptr.dtype.element_ty), mask=m)
+    if INTERLEAVED:
+        # pairs (2i, 2i + 1): one contiguous load of the R features, split into even and odd
+        # (strided half-width loads would not vectorize), joined back for one contiguous store
+        j = tl.arange(0, 2 * HALF_P)
+        mj = hm[:, None] & (j < 2 * HALF)[None, :]
+        x = tl.load(x_ptr + xrow + j[None, :], mask=mj, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(x, (HB, HALF_P, 2)))
+        o1 = x1 * c[None, :] - x2 * sn[None, :]
+        o2 = x2 * c[None, :] + x1 * sn[None, :]
+        o = tl.reshape(tl.join(o1, o2), (HB, 2 * HALF_P))
+        tl.store(o_ptr + orow + j[None, :], o.to(o_ptr.dtype.element_ty), mask=mj)
+    else:
+        i = tl.arange(0, HALF_P)
+        m = hm[:, None] & (i < HALF)[None, :]
+        x1 = tl.load(x_ptr + xrow + i[None, :], mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(x_ptr + xrow + (i + HALF)[None, :], mask=m, other=0.0).to(tl.float32)
+        o1 = x1 * c[None, :] - x2 * sn[None, :]
+        o2 = x2 * c[None, :] + x1 * sn[None, :]
+        tl.store(o_ptr + orow + i[None, :], o1.to(o_ptr.dtype.element_ty), mask=m)
+        tl.store(o_ptr + orow + (i + HALF)[None, :], o2.to(o_ptr.dtype.element_ty), mask=m)
     if COPY_TAIL:
         j = 2 * HALF + tl.arange(0, TAIL_P)
         tm = hm[:, None] & (j < D)[None, :]
