@@ -56,7 +56,7 @@ def _fill_spec(v: int) -> tuple:
 
 def launch(call: DelayCall):
     codes = call.codes
-    out = call.out if call.out is not None else alloc.empty(codes.shape, codes.dtype, codes.device)
+    out = call.out if call.out is not None else alloc.empty_packed_like(codes)
     b, t, c = codes.shape
     plane = t * c
     block = max(16, min(BLOCK, next_power_of_2(plane)))

@@ -147,8 +147,8 @@ def launch_rotary(call: RotaryCall):
     if call.inplace:
         qo, ko = q, k
     else:
-        qo = alloc.empty(q.shape, q.dtype, q.device)
-        ko = alloc.empty(k.shape, k.dtype, k.device)
+        qo = alloc.empty_packed_like(q)
+        ko = alloc.empty_packed_like(k)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     half = p.rotary_dim // 2
@@ -219,7 +219,7 @@ def launch_fused(call: FusedCall):
     q, k, v, kc, vc, lens = rot.q, rot.k, app.v, app.k_cache, app.v_cache, app.cache_seqlens
     cos, sin = rot.cos, rot.sin
     pos = rot.positions if rot.positions is not None else lens   # unused when taken from lens
-    qo = q if rot.inplace else alloc.empty(q.shape, q.dtype, q.device)
+    qo = q if rot.inplace else alloc.empty_packed_like(q)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     half = p.rotary_dim // 2
