@@ -54,25 +54,41 @@ def _fill_spec(v: int) -> tuple:
     return (v == 1, v & 15 == 0, -I32_MAX - 1 <= v <= I32_MAX)
 
 
-def launch(call: DelayCall):
-    codes = call.codes
-    out = call.out if call.out is not None else alloc.empty_packed_like(codes)
-    b, t, c = codes.shape
+_launch_args: dict[tuple, tuple] = {}
+
+
+def _plan(op: str, shape: tuple, cs: tuple, os_: tuple, packed: bool, fb: int, fa: int) -> tuple:
+    """(grid, scalar and constexpr arguments, the part of the launch key they decide, num_warps)."""
+    b, t, c = shape
     plane = t * c
     block = max(16, min(BLOCK, next_power_of_2(plane)))
     blocks = cdiv(plane, block)
-    sign = 1 if call.problem.op == "apply_delay" else -1
+    sign = 1 if op == "apply_delay" else -1
+    wide, warps = plane + block >= WIDE_FROM, max(1, min(8, block // 256))
+    scalars = (t, c, plane, blocks, *cs, *os_, fb, fa, sign, block, packed, wide)
+    # what Triton specializes on besides the tensors: ints equal to 1 / divisible by 16 / beyond
+    # int32 (the fill ids may be negative: their own class), and the constexprs
+    key = (tuple(map(int_spec, (t, c, plane, blocks) + cs + os_)), _fill_spec(fb), _fill_spec(fa),
+           sign, block, packed, wide, warps)
+    return (b * blocks,), scalars, key, warps
+
+
+def launch(call: DelayCall):
+    codes = call.codes
+    out = call.out if call.out is not None else alloc.empty_packed_like(codes)
     delays = call.delays
     cs, os_ = codes.stride(), out.stride()
-    fb, fa = call.fill_before, call.fill_after
-    packed, wide, warps = out.is_contiguous(), plane + block >= WIDE_FROM, max(1, min(8, block // 256))
-    # everything Triton specializes on: dtypes, 16-byte alignment, ints equal to 1 / divisible by
-    # 16 / beyond int32 (the fill ids may be negative: their own class), and the constexprs
+    sig = (call.problem.op, codes.shape, cs, os_, call.fill_before, call.fill_after)
+    plan = _launch_args.get(sig)
+    if plan is None:
+        if len(_launch_args) > 4096:
+            _launch_args.clear()
+        plan = _launch_args[sig] = _plan(call.problem.op, tuple(codes.shape), cs, os_, out.is_contiguous(),
+                                         call.fill_before, call.fill_after)
+    grid, scalars, key, warps = plan
     key = (codes.get_device(), codes.dtype, codes.data_ptr() & 15, delays.dtype, delays.data_ptr() & 15,
-           out.data_ptr() & 15, tuple(map(int_spec, (t, c, plane, blocks) + cs + os_)), _fill_spec(fb), _fill_spec(fa),
-           sign, block, packed, wide, warps)
-    _delay((b * blocks,), (codes, delays, out, t, c, plane, blocks, *cs, *os_, fb, fa, sign, block, packed, wide),
-           num_warps=warps, key=key)
+           out.data_ptr() & 15) + key
+    _delay(grid, (codes, delays, out) + scalars, num_warps=warps, key=key)
     return out
 
 
