@@ -1,6 +1,6 @@
 """Run without TRITON_INTERPRET (no GPU needed): every explicit launch key of the rotary, kv-append,
 fused and delay kernels must stand for one Triton specialization (the generic key computed from
-the arguments). Launches are intercepted, nothing runs. Used by test_launch_keys.py."""
+the arguments). Launches are intercepted, nothing runs. Used by test_rotary_delay_launch_keys.py."""
 import itertools
 
 import torch
