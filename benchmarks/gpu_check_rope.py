@@ -121,12 +121,14 @@ def section_checks() -> None:
     dl = [(2, 40, 9)] if SMOKE else [(1, 3072, 9), (8, 3072, 32), (32, 3072, 9), (3, 1000, 70)]
     for n, shape in enumerate(rot):
         for dt in (torch.bfloat16, torch.float16, torch.float32) if n < 2 else (torch.bfloat16,):
-            for r, inter, layout, pos in ((0, False, "packed", "2d"), (0, True, "transposed", "1d"),
-                                          (shape[-1] // 2, False, "transposed", "2d"), (shape[-1] // 4, True, "packed", "2d")):
+            variants = ((0, False, "packed", "2d"), (0, True, "transposed", "1d"),
+                        (shape[-1] // 2, False, "transposed", "2d"), (shape[-1] // 4, True, "packed", "2d"))
+            for r, inter, layout, pos in variants:
                 case = rot_cases.make_rotary_case(shape, dt, r=r, interleaved=inter, layout=layout, positions=pos)
                 check(f"rotary {shape} {dt} {case.label}", lambda c=case: run_case(c), TOLERANCE[dt])
     for shape in rot[:2]:
-        check(f"rotary inplace {shape} bf16 transposed", lambda s=shape: rotary_inplace_err(s), TOLERANCE[torch.bfloat16])
+        check(f"rotary inplace {shape} bf16 transposed", lambda s=shape: rotary_inplace_err(s),
+              TOLERANCE[torch.bfloat16])
     for shape in app:
         for dt in (torch.bfloat16, torch.float16, torch.float32):
             for layout in ("packed", "transposed"):

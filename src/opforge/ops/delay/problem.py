@@ -76,7 +76,8 @@ def _check_delays(delays: Delays, channels: int, device: torch.device) -> torch.
         try:
             values = tuple(delays)
         except TypeError:
-            raise TypeError(f"delays must be a sequence of ints or an int tensor, got {type(delays).__name__}") from None
+            raise TypeError("delays must be a sequence of ints or an int tensor, "
+                            f"got {type(delays).__name__}") from None
         if any(isinstance(d, bool) or not isinstance(d, int) for d in values):
             raise TypeError(f"delays must be ints, got {values}")
         if len(values) != channels:

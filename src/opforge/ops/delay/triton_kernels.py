@@ -2,10 +2,11 @@
 
 Program (b, block) walks a block of one sequence's (T, C) plane as flat indices ``t * C + c``
 (no lanes wasted on a small C such as Dia's 9), computes each element's source time
-``t - sign * d_c`` (delays gathered per element; they stay in L1), gathers the codes where it lies in ``[0, T)`` (the load is
-masked elsewhere: no read out of bounds) and writes the fill ids in the rest. Input and output
-are addressed through their strides, so strided views run in place. Delays are read from the
-device: no index tensor is built on the host and nothing synchronizes.
+``t - sign * d_c`` (delays gathered per element; they stay in L1), gathers the codes where it
+lies in ``[0, T)`` (the load is masked elsewhere: no read out of bounds) and writes the fill ids
+in the rest. Input and output are addressed through their strides, so strided views run in
+place. Delays are read from the device: no index tensor is built on the host and nothing
+synchronizes.
 """
 from __future__ import annotations
 

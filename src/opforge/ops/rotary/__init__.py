@@ -11,7 +11,7 @@ import torch
 
 from ...runtime import dispatch
 from . import reference
-from .problem import (OPS, AppendCall, FusedCall, RotaryCall, check_append_range, check_table_range, prepare_append,
+from .problem import (OPS, FusedCall, RotaryCall, check_append_range, check_table_range, prepare_append,
                       prepare_fused, prepare_rotary)
 
 
