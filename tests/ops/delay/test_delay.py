@@ -143,3 +143,10 @@ def test_64_bit_index_path(monkeypatch):
     monkeypatch.setattr(triton_kernels, "WIDE_FROM", 0)
     check_case(cases.make_case("apply_delay", (2, 21, 9), torch.int64, "strided"), "triton")
     check_case(cases.make_case("revert_delay", (2, 21, 9), torch.int32), "triton")
+
+
+def test_device_mismatch_names_the_argument():
+    codes = torch.zeros(2, 5, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="out is on meta but codes is on cpu"):
+        opforge.apply_delay(codes, [0, 1, 2], bos_id=1, pad_id=2, out=torch.empty(2, 5, 3, dtype=torch.int64,
+                                                                                 device="meta"))

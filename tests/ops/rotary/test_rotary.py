@@ -152,3 +152,18 @@ def test_decode_and_prefill_sizes_on_gpu():
         for dt in DTYPES:
             check_case(cases.make_rotary_case(shape, dt), "triton")
             check_case(cases.make_rotary_case(shape, dt, r=64, interleaved=True, layout="transposed"), "triton")
+
+
+def test_device_mismatch_names_the_argument():
+    q, k, cos, sin, pos = cases.make_rotary_inputs(1, 2, 1, 3, 8, 8, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="k is on meta but q is on cpu"):
+        opforge.rotary_embedding(q, k.to("meta"), cos, sin, pos)
+    with pytest.raises(ValueError, match="cos is on meta"):
+        opforge.rotary_embedding(q, k, cos.to("meta"), sin, pos)
+    with pytest.raises(ValueError, match="positions is on meta"):
+        opforge.rotary_embedding(q, k, cos, sin, pos.to("meta"))
+    kc = torch.zeros(1, 1, 5, 8)
+    with pytest.raises(ValueError, match="v_cache is on meta but k_cache is on cpu"):
+        opforge.kv_cache_append(kc, kc.to("meta"), k, k, torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_seqlens is on meta"):
+        opforge.kv_cache_append(kc, kc, k, k, torch.zeros(1, dtype=torch.int32, device="meta"))
