@@ -150,3 +150,10 @@ def test_device_mismatch_names_the_argument():
     with pytest.raises(ValueError, match="out is on meta but codes is on cpu"):
         opforge.apply_delay(codes, [0, 1, 2], bos_id=1, pad_id=2, out=torch.empty(2, 5, 3, dtype=torch.int64,
                                                                                  device="meta"))
+
+
+def test_numpy_integer_delays():
+    np = pytest.importorskip("numpy")
+    codes = torch.randint(0, 9, (1, 6, 3), device=DEVICE)
+    out = opforge.apply_delay(codes, np.array([0, 1, 2]), bos_id=-1, pad_id=-2)
+    assert torch.equal(out.cpu(), naive_apply(codes.cpu(), [0, 1, 2], -1, -2))

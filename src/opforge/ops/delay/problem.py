@@ -1,6 +1,7 @@
 """Validation of apply_delay / revert_delay arguments, the delays cache, and the problem variants see."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -78,8 +79,9 @@ def _check_delays(delays: Delays, channels: int, device: torch.device) -> torch.
         except TypeError:
             raise TypeError("delays must be a sequence of ints or an int tensor, "
                             f"got {type(delays).__name__}") from None
-        if any(isinstance(d, bool) or not isinstance(d, int) for d in values):
+        if any(isinstance(d, bool) or not hasattr(d, "__index__") for d in values):
             raise TypeError(f"delays must be ints, got {values}")
+        values = tuple(operator.index(d) for d in values)   # numpy integers too
         if len(values) != channels:
             raise ValueError(f"delays must have one entry per codebook (C={channels}), got {len(values)}")
     negative = [i for i, d in enumerate(values) if d < 0]
