@@ -12,9 +12,11 @@ from .fusion import FusionError, UnfusableError, fuse
 from .io import SafetensorsError, load_safetensors, save_safetensors
 from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
 from .ops.activation import geglu, gelu, relu, silu, swiglu
+from .ops.delay import apply_delay, revert_delay
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from .ops.quant import QuantizedWeight, linear, quantize_weight
 from .nn.quant import quantize_model
+from .ops.rotary import kv_cache_append, rotary_embedding, rotary_kv_cache_append
 from .ops.softmax import log_softmax, softmax
 from .runtime.device import DeviceInfo, device_info
 from .runtime.errors import NoKernelError
@@ -27,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
     "softmax", "log_softmax", "gelu", "silu", "relu", "swiglu", "geglu",
+    "rotary_embedding", "kv_cache_append", "rotary_kv_cache_append", "apply_delay", "revert_delay",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
     "fuse", "FusionError", "UnfusableError",

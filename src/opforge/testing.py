@@ -16,6 +16,7 @@ import torch
 #: Relative-error bounds per output dtype: float32 well under 1e-5; half types near their rounding
 #: (bf16 allows Triton's interpreter, whose bf16 stores truncate instead of rounding).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}
+TOLERANCE.update({torch.int32: 0.0, torch.int64: 0.0})  # integer ops (delay patterns) are exact
 
 Outputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 

@@ -17,7 +17,7 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
     """``torch.empty``, NaN-filled while ``poisoned_outputs()`` is active."""
     out = torch.empty(shape, dtype=dtype, device=device)
     if _poison:
-        out.fill_(float("nan"))
+        out.fill_(float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min)  # ints: their minimum
     return out
 
 
@@ -25,7 +25,7 @@ def empty_packed_like(x: torch.Tensor) -> torch.Tensor:
     """A packed tensor of x's shape, dtype and device (``empty_like`` is the cheapest call for that)."""
     out = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if _poison:
-        out.fill_(float("nan"))
+        out.fill_(float("nan") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min)
     return out
 
 
