@@ -11,6 +11,7 @@ from . import fusion, nn
 from .fusion import FusionError, UnfusableError, fuse
 from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
 from .ops.activation import geglu, gelu, relu, silu, swiglu
+from .ops.attention import attention, decode_attention
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from .ops.softmax import log_softmax, softmax
 from .runtime.device import DeviceInfo, device_info
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
     "softmax", "log_softmax", "gelu", "silu", "relu", "swiglu", "geglu",
+    "attention", "decode_attention",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
     "fuse", "FusionError", "UnfusableError",
