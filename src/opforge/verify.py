@@ -18,9 +18,10 @@ from .testing import TOLERANCE, max_rel_error
 
 def _families():
     from .ops.activation import cases as activation_cases
+    from .ops.attention import cases as attention_cases
     from .ops.norm import cases as norm_cases
     from .ops.softmax import cases as softmax_cases
-    return [norm_cases, softmax_cases, activation_cases]
+    return [norm_cases, softmax_cases, activation_cases, attention_cases]
 
 
 def _device_type() -> str:
