@@ -33,6 +33,8 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
         [[[[2.0, 0.0]]]]
     """
     ct = _compute_dtype(q)
+    if k.shape[2] == 0:  # no keys at all: every row sees nothing
+        return torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
     qf, kf, vf = q.to(ct), _expand_heads(k, q.shape[1]).to(ct), _expand_heads(v, q.shape[1]).to(ct)
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     if visible is not None:
