@@ -262,7 +262,7 @@ def decode_splits(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: i
 
     Example:
         >>> decode_splits(1, 8, 1, 131072, 132, 64)
-        (66, 1986)
+        (64, 2048)
         >>> decode_splits(64, 8, 1, 1024, 132, 64)
         (2, 512)
     """
