@@ -91,8 +91,8 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, 
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
                     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
-                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+                    D: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)   # the longest causal rows first
     bh = tl.program_id(1)
     b = bh // hq
@@ -102,7 +102,6 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    PAD_D: tl.constexpr = BLOCK_D != D
     q_base = q_ptr + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
     k_base = k_ptr + b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
     v_base = v_ptr + b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
@@ -153,32 +152,32 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, hkv, h
     part = out_row * num_splits + split
     seqlen = tl.minimum(tl.maximum(tl.load(lens_ptr + b).to(tl.int32), 0), s_max)
     start = split * split_len
-    if start >= seqlen:
+    if start >= seqlen:   # a slice past this sequence's end: nothing to read
         tl.store(plse_ptr + part, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=row_ok)
-        return
-    end = tl.minimum(start + split_len, seqlen)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    q_ptrs = q_ptr + b.to(tl.int64) * q_sb + head.to(tl.int64)[:, None] * q_sh + i.to(tl.int64)[:, None] * q_ss \
-        + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
-    k_base = k_ptr + b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
-    v_base = v_ptr + b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    # row i sees keys j <= seqlen - Sq + i: in the prefill helper's terms, shift = seqlen - Sq
-    for start_n in range(start, end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, i, offs_n, offs_d,
-                                     d_ok, end, seqlen - sq, qk_scale, True, True, True, DOT_F32, IEEE)
-    seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    tl.store(plse_ptr + part, lse, mask=row_ok)
-    tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        end = tl.minimum(start + split_len, seqlen)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        q_ptrs = q_ptr + b.to(tl.int64) * q_sb + head.to(tl.int64)[:, None] * q_sh + i.to(tl.int64)[:, None] * q_ss \
+            + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
+        k_base = k_ptr + b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
+        v_base = v_ptr + b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
+        m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+        # row i sees keys j <= seqlen - Sq + i: in the prefill helper's terms, shift = seqlen - Sq
+        for start_n in range(start, end, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, i, offs_n, offs_d,
+                                         d_ok, end, seqlen - sq, qk_scale, True, True, True, DOT_F32, IEEE)
+        seen = l_i > 0.0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(plse_ptr + part, lse, mask=row_ok)
+        tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -292,7 +291,8 @@ def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: 
     _prefill(grid, (q, k, v, out, p.q_len, p.kv_len, p.q_heads, p.group, call.scale * LOG2E,
                     q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                     v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                    p.head_dim, head_block(p.head_dim), bm, bn, call.causal, dot_f32, ieee),
+                    p.head_dim, head_block(p.head_dim), head_block(p.head_dim) != p.head_dim, bm, bn, call.causal,
+                    dot_f32, ieee),
              num_warps=nw, num_stages=ns)
     return out
 
