@@ -228,28 +228,34 @@ def head_block(d: int) -> int:
 @functools.lru_cache(maxsize=None)
 def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the prefill kernel (H100 defaults; the
-    tiles shrink with the head block and for float32, whose tiles take twice the shared memory)."""
+    tiles shrink with the head block, and for float32, whose IEEE dots run without tensor cores:
+    these are the largest tiles ptxas compiles for sm_90 without spilling, per
+    ``benchmarks/attn_registers.py``)."""
     if interpreted:
         return 16, 16, 1, 1
     block_d = head_block(d)
     if itemsize == 4:
-        return (64, 32, 4, 2) if block_d <= 128 else (32, 32, 4, 1)
+        return (32, 32, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
     if block_d <= 64:
         return 128, 64, 4, 3
     if block_d <= 128:
         return 128, 64, 8, 3
-    return 64, 32, 4, 2
+    return 64, 32, 8, 2
 
 
 @functools.lru_cache(maxsize=None)
 def decode_config(d: int, itemsize: int, rows: int, interpreted: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_R, BLOCK_N, num_warps, num_stages) for the split kernel: BLOCK_R packs the
-    ``group * Sq`` query rows of one key/value head (at least 16 for ``tl.dot``)."""
-    block_r = max(16, min(MAX_ROW_BLOCK, next_power_of_2(rows)))
+    ``group * Sq`` query rows of one key/value head (at least 16 for ``tl.dot``; fewer rows per
+    program for float32 and D=256, which would spill registers otherwise)."""
+    block_d = head_block(d)
+    cap = 16 if itemsize == 4 else 32 if block_d > 128 else MAX_ROW_BLOCK
+    block_r = max(16, min(cap, next_power_of_2(rows)))
     if interpreted:
         return block_r, 16, 1, 1
-    block_d = head_block(d)
-    if itemsize == 4 or block_d > 128:
+    if itemsize == 4:
+        return block_r, 32, 8, 2
+    if block_d > 128:
         return block_r, 32, 4, 2
     return block_r, 64, 4, 3
 
