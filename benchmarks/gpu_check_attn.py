@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/gpu_check_attn.py [--budget 100] [--out DIR] [--skip-timing]
     PYTHONPATH=src TRITON_INTERPRET=1 python3 benchmarks/gpu_check_attn.py --cpu-smoke   # no GPU: tiny shapes
+    PYTHONPATH=src python3 benchmarks/gpu_check_attn.py --sweep --budget 100            # tuning run (optional)
 
 1. Correctness: the family's verify cases at real sizes (every dtype, GQA, causal Sq < Sk and
    Sq > Sk, padded head dims 80/96/256, (B, S, H, D) views, huge logits, ragged decode lengths)
@@ -138,7 +139,7 @@ def prefill_timing(smoke: bool, budget: float) -> list[dict]:
     rows = []
     seqs = [(2, 64)] if smoke else [(16, 1024), (4, 4096), (1, 16384)]
     heads = 2 if smoke else 32
-    for d in ((16,) if smoke else (64, 128)):
+    for d in ((16,) if smoke else (128, 64)):
         for causal in (False, True):
             for b, s in seqs:
                 if elapsed() > budget:
@@ -157,7 +158,7 @@ def _prefill_case(b: int, h: int, s: int, d: int, causal: bool, smoke: bool) -> 
         ours = bench_ms(lambda: opforge.attention(q, k, v, causal=causal), rep)
         row["opforge_ms"], row["opforge_tflops"] = ours, flops / ours / 1e9
         for name, backend in sdpa_backends():
-            if name == "math" and (s > 1024 or not ON_GPU and smoke is False):
+            if name == "math" and s > 1024:
                 continue
             try:
                 ms = bench_ms(lambda: run_sdpa(backend, q, k, v, is_causal=causal), rep)
@@ -267,6 +268,57 @@ def _fmt_decode(r: dict) -> str:
             f"{'OK' if r['meets_target'] else 'below target'}")
 
 
+# ---- optional: configuration sweep (a second run, for tuning the defaults) ---------------------------
+
+PREFILL_SWEEP = {128: [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4),
+                       (128, 128, 8, 2), (64, 128, 4, 3)],
+                 64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3), (64, 64, 4, 4), (128, 64, 8, 4),
+                      (64, 128, 4, 3)]}
+DECODE_SWEEP = [(bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)]
+
+
+def sweep(budget: float, copy_gbs: float) -> list[dict]:
+    """Time alternative tiles of both kernels (opforge's internals: launch_prefill / launch_decode overrides)."""
+    from opforge.ops.attention.problem import prepare_attention
+    rows = []
+    for d, cfgs in PREFILL_SWEEP.items():
+        for causal in (False, True):
+            b, h, s = 4, 32, 4096
+            q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+            call = prepare_attention(q, k, v, causal, None)
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            for cfg in cfgs:
+                if elapsed() > budget:
+                    break
+                try:
+                    ms = bench_ms(lambda: tk.launch_prefill(call, *cfg), 40)
+                    rows.append({"kind": "prefill", "D": d, "causal": causal, "cfg": cfg, "tflops": flops / ms / 1e9})
+                except Exception as exc:
+                    rows.append({"kind": "prefill", "D": d, "causal": causal, "cfg": cfg, "error": str(exc)[:100]})
+                print("sweep", rows[-1], flush=True)
+            del q, k, v, call
+    for b, hq, hkv, ctx in ((1, 32, 8, 32768), (32, 32, 8, 8192), (8, 8, 1, 32768)):
+        q = torch.randn(b, hq, 1, 128, device=DEV, dtype=torch.bfloat16)
+        kc, vc = (torch.randn(b, hkv, ctx, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
+        call = prepare_decode(q, kc, vc, lens, None)
+        nbytes = 2 * kc.numel() * 2 + 2 * q.numel() * 2
+        default_splits = tk.decode_splits(b, hkv, 1, ctx, tk._sms(q), 64)[0]
+        for bn, w, st in DECODE_SWEEP:
+            for splits in sorted({max(1, default_splits // 2), default_splits, default_splits * 2}):
+                if elapsed() > budget:
+                    break
+                try:
+                    ms = bench_ms(lambda: tk.launch_decode(call, splits, bn, w, st), 30)
+                    rows.append({"kind": "decode", "B": b, "Hq": hq, "Hkv": hkv, "ctx": ctx, "cfg": (bn, w, st),
+                                 "splits": splits, "pct_copy": 100 * nbytes / (ms * 1e-3) / 1e9 / copy_gbs})
+                except Exception as exc:
+                    rows.append({"kind": "decode", "ctx": ctx, "cfg": (bn, w, st), "error": str(exc)[:100]})
+                print("sweep", rows[-1], flush=True)
+        del q, kc, vc, call
+    return rows
+
+
 # ---- main ----------------------------------------------------------------------------------------
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -274,6 +326,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes under TRITON_INTERPRET=1 (no GPU)")
     ap.add_argument("--budget", type=float, default=100.0, help="seconds after which timing cases are skipped (timing gets at least 45 s)")
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="only sweep kernel configurations (a tuning run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = ap.parse_args(argv)
     smoke = args.cpu_smoke
@@ -281,6 +334,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("no CUDA device: run with --cpu-smoke (and TRITON_INTERPRET=1) for a smoke test")
         return 2
     torch.manual_seed(0)
+    if args.sweep:
+        copy_gbs = measure_copy_gbs()
+        rows = sweep(elapsed() + args.budget, copy_gbs)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "attn_sweep.json"), "w") as f:
+            json.dump({"device": str(opforge.device_info()), "copy_gbs": copy_gbs, "rows": rows}, f, indent=1)
+        for r in rows:
+            print(r)
+        return 0
     print(f"device: {opforge.device_info()}; torch {torch.__version__}; triton {_triton_version()}", flush=True)
     checks = correctness(smoke)
     print(f"correctness pass: {elapsed():.0f} s", flush=True)
