@@ -224,3 +224,25 @@ def test_decode_cuda_graph_replays_with_new_lengths():
         ref = reference.decode_attention(q.double(), kc.double(), vc.double(), lens)
         assert max_rel_error(out, ref) <= TOLERANCE[torch.bfloat16], new
     assert math.isfinite(out.float().sum().item())
+
+
+# ---- random shapes (hypothesis) -------------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=15)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), ratio=st.sampled_from([1, 2, 4]), sq=st.integers(1, 40),
+       sk=st.integers(1, 40), d=st.sampled_from([16, 24, 64, 80]), causal=st.booleans(),
+       layout=st.sampled_from(["packed", "bshd"]), dtype=st.sampled_from(DTYPES))
+def test_prefill_random_shapes(b, hkv, ratio, sq, sk, d, causal, layout, dtype):
+    check_case(cases.prefill_case(b, hkv * ratio, hkv, sq, sk, d, dtype, causal, layout=layout), "triton")
+
+
+@settings(max_examples=15)
+@given(data=st.data(), b=st.integers(1, 3), hkv=st.integers(1, 2), ratio=st.sampled_from([1, 4, 8]),
+       sq=st.integers(1, 16), s_max=st.integers(1, 48), d=st.sampled_from([16, 64, 96]),
+       dtype=st.sampled_from(DTYPES))
+def test_decode_random_shapes(data, b, hkv, ratio, sq, s_max, d, dtype):
+    lengths = data.draw(st.lists(st.integers(0, s_max), min_size=b, max_size=b))
+    check_case(cases.decode_case(b, hkv * ratio, hkv, sq, s_max, d, dtype, lengths), "triton")
