@@ -235,7 +235,7 @@ def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[in
         return 16, 16, 1, 1
     block_d = head_block(d)
     if itemsize == 4:
-        return (32, 32, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
+        return (32, 32, 8, 2) if block_d <= 64 else (32, 16, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
     if block_d <= 64:
         return 128, 64, 4, 3
     if block_d <= 128:
