@@ -321,6 +321,7 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     if splits is None:
         splits, split_len = decode_splits(p.batch, p.kv_heads, row_blocks, p.kv_len, _sms(q), bn)
     else:
+        splits = min(splits, MAX_SPLITS)
         split_len = cdiv(cdiv(p.kv_len, splits), bn) * bn
         splits = cdiv(p.kv_len, split_len)
     n_rows = p.batch * p.q_heads * p.q_len
@@ -334,8 +335,8 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
                    k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
                    p.head_dim, block_d, br, bn, dot_f32, ieee),
                   num_warps=nw, num_stages=ns)
-    block_s = max(2, next_power_of_2(splits))
-    _decode_combine((n_rows,), (part_out, part_lse, out, splits, p.head_dim, block_d, block_s, min(block_s, 16)),
+    block_s = 16 if splits <= 16 else MAX_SPLITS    # two compiled variants, whatever the split count
+    _decode_combine((n_rows,), (part_out, part_lse, out, splits, p.head_dim, block_d, block_s, 16),
                     num_warps=1 if block_d <= 64 else 2 if block_d <= 128 else 4, num_stages=2)
     return out
 
