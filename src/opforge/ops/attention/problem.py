@@ -62,7 +62,7 @@ class AttentionProblem:
         what = "k/v" if self.op == "attention" else "caches"
         return (f"q {dt} (B={self.batch}, Hq={self.q_heads}, Sq={self.q_len}, D={self.head_dim}), {what} "
                 f"(Hkv={self.kv_heads}, {'Sk' if self.op == 'attention' else 'S_max'}={self.kv_len})"
-                f"{' causal' if self.causal else ''} {self.device_type}")
+                f"{' causal' if self.causal and self.op == 'attention' else ''} {self.device_type}")
 
 
 class AttentionCall:

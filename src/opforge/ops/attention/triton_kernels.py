@@ -13,7 +13,7 @@ the cache once for all ``group * Sq`` query rows of that head group, packed into
 scores are a ``tl.dot``; it writes the slice's normalized partial output and log-sum-exp to a
 float32 scratch. A second kernel merges a row's partials. Lengths are read on the device only
 (clamped to [0, S_max]); a split past its sequence's length stores a log-sum-exp of -inf and
-returns. Shapes of the grid and scratch depend on host-known sizes only, so a call is capturable
+reads nothing. Shapes of the grid and scratch depend on host-known sizes only, so a call is capturable
 in a CUDA graph and replays with new lengths.
 
 Head dimensions up to 256 run; the D block is padded to a power of two (>= 16) with masks.
