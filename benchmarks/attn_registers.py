@@ -59,14 +59,14 @@ def prefill(dtype: str, d: int, causal: bool, cfg=None) -> str:
                                                                  consts, warps, stages))
 
 
-def decode(dtype: str, d: int, rows: int, cfg=None) -> str:
+def decode(dtype: str, d: int, rows: int, cfg=None, direct: bool = False) -> str:
     br, bn, warps, stages = cfg or tk.decode_config(d, 4 if dtype == "fp32" else 2, rows)
     bd = tk.head_block(d)
     ptrs = {"q_ptr": "*" + dtype, "k_ptr": "*" + dtype, "v_ptr": "*" + dtype, "lens_ptr": "*i32",
-            "po_ptr": "*fp32", "plse_ptr": "*fp32"}
+            "po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*" + dtype}
     ints = ("hkv", "hq", "sq", "rows", "s_max", "split_len", "num_splits", "q_sb", "q_sh", "q_ss",
             "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss")
-    consts = dict(D=d, BLOCK_D=bd, BLOCK_R=br, BLOCK_N=bn, DOT_F32=False, IEEE=dtype == "fp32")
+    consts = dict(D=d, BLOCK_D=bd, BLOCK_R=br, BLOCK_N=bn, DOT_F32=False, IEEE=dtype == "fp32", DIRECT=direct)
     return f"{br}x{bn} w{warps} s{stages}: " + ptxas(compile_ptx(tk._decode_split_kernel, ptrs, ints, ("qk_scale",),
                                                                  consts, warps, stages))
 
@@ -88,6 +88,7 @@ def main() -> None:
         for d in (64, 128, 256):
             for rows in (4, 16, 128):
                 print(f"decode  {dtype} D={d:3d} rows={rows:3d} {decode(dtype, d, rows)}", flush=True)
+    print(f"decode  bf16 D=128 rows=4 one split (direct) {decode('bf16', 128, 4, direct=True)}", flush=True)
     for d in (64, 128, 256):
         print(f"combine D={d} splits=64: {combine(d, 64)}")
 

@@ -11,7 +11,8 @@ with the most causal work start first. A row that sees no key gives zeros.
 ``decode``: split-KV. Program (batch b, key/value head, split, row block) reads its slice of
 the cache once for all ``group * Sq`` query rows of that head group, packed into one tile so the
 scores are a ``tl.dot``; it writes the slice's normalized partial output and log-sum-exp to a
-float32 scratch. A second kernel merges a row's partials. Lengths are read on the device only
+float32 scratch. A second kernel merges a row's partials (with one split, the split kernel writes
+the output itself and no merge runs). Lengths are read on the device only
 (clamped to [0, S_max]); a split past its sequence's length stores a log-sum-exp of -inf and
 reads nothing. Shapes of the grid and scratch depend on host-known sizes only, so a call is capturable
 in a CUDA graph and replays with new lengths.
@@ -134,10 +135,11 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
 
 
 @triton.jit
-def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, hkv, hq, sq, rows, s_max, split_len,
-                         num_splits, qk_scale, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, o_ptr, hkv, hq, sq, rows, s_max,
+                         split_len, num_splits, qk_scale, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                         DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+                         DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
+    # DIRECT (one split): write the final output, no partials and no merge kernel
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // hkv
@@ -152,13 +154,18 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, hkv, h
     part = out_row * num_splits + split
     seqlen = tl.minimum(tl.maximum(tl.load(lens_ptr + b).to(tl.int32), 0), s_max)
     start = split * split_len
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
     if start >= seqlen:   # a slice past this sequence's end: nothing to read
-        tl.store(plse_ptr + part, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=row_ok)
+        if DIRECT:
+            tl.store(o_ptr + out_row[:, None] * D + offs_d[None, :],
+                     tl.zeros([BLOCK_R, BLOCK_D], tl.float32).to(o_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & d_ok[None, :])
+        else:
+            tl.store(plse_ptr + part, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=row_ok)
     else:
         end = tl.minimum(start + split_len, seqlen)
         offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < D
         q_ptrs = q_ptr + b.to(tl.int64) * q_sb + head.to(tl.int64)[:, None] * q_sh + i.to(tl.int64)[:, None] * q_ss \
             + offs_d[None, :]
         q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -176,8 +183,12 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, hkv, h
         seen = l_i > 0.0
         out = acc / tl.where(seen, l_i, 1.0)[:, None]
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(plse_ptr + part, lse, mask=row_ok)
-        tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        if DIRECT:
+            tl.store(o_ptr + out_row[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & d_ok[None, :])
+        else:
+            tl.store(plse_ptr + part, lse, mask=row_ok)
+            tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -325,19 +336,24 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
         split_len = cdiv(cdiv(p.kv_len, splits), bn) * bn
         splits = cdiv(p.kv_len, split_len)
     n_rows = p.batch * p.q_heads * p.q_len
-    part_out = torch.empty((n_rows * splits, p.head_dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((n_rows * splits,), dtype=torch.float32, device=q.device)
+    direct = splits == 1
+    if direct:   # the split kernel writes the output itself
+        part_out = part_lse = out
+    else:
+        part_out = torch.empty((n_rows * splits, p.head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((n_rows * splits,), dtype=torch.float32, device=q.device)
     dot_f32, ieee = _dot_flags(q.dtype)
     block_d = head_block(p.head_dim)
     _decode_split((p.batch * p.kv_heads, splits, row_blocks),
-                  (q, k, v, call.cache_seqlens, part_out, part_lse, p.kv_heads, p.q_heads, p.q_len, rows, p.kv_len,
-                   split_len, splits, call.scale * LOG2E, q.stride(0), q.stride(1), q.stride(2),
+                  (q, k, v, call.cache_seqlens, part_out, part_lse, out, p.kv_heads, p.q_heads, p.q_len, rows,
+                   p.kv_len, split_len, splits, call.scale * LOG2E, q.stride(0), q.stride(1), q.stride(2),
                    k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-                   p.head_dim, block_d, br, bn, dot_f32, ieee),
+                   p.head_dim, block_d, br, bn, dot_f32, ieee, direct),
                   num_warps=nw, num_stages=ns)
-    block_s = 16 if splits <= 16 else MAX_SPLITS    # two compiled variants, whatever the split count
-    _decode_combine((n_rows,), (part_out, part_lse, out, splits, p.head_dim, block_d, block_s, 16),
-                    num_warps=1 if block_d <= 64 else 2 if block_d <= 128 else 4, num_stages=2)
+    if not direct:
+        block_s = 16 if splits <= 16 else MAX_SPLITS    # two compiled variants, whatever the split count
+        _decode_combine((n_rows,), (part_out, part_lse, out, splits, p.head_dim, block_d, block_s, 16),
+                        num_warps=1 if block_d <= 64 else 2 if block_d <= 128 else 4, num_stages=2)
     return out
 
 
