@@ -13,6 +13,7 @@ from .io import SafetensorsError, load_safetensors, save_safetensors
 from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
 from .ops.activation import geglu, gelu, relu, silu, swiglu
 from .ops.delay import apply_delay, revert_delay
+from .ops.attention import attention, decode_attention
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from .ops.quant import QuantizedWeight, linear, quantize_weight
 from .nn.quant import quantize_model
@@ -30,6 +31,7 @@ __all__ = [
     "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
     "softmax", "log_softmax", "gelu", "silu", "relu", "swiglu", "geglu",
     "rotary_embedding", "kv_cache_append", "rotary_kv_cache_append", "apply_delay", "revert_delay",
+    "attention", "decode_attention",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
     "fuse", "FusionError", "UnfusableError",

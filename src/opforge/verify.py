@@ -18,12 +18,13 @@ from .testing import TOLERANCE, max_rel_error
 
 def _families():
     from .ops.activation import cases as activation_cases
+    from .ops.attention import cases as attention_cases
     from .ops.norm import cases as norm_cases
     from .ops.softmax import cases as softmax_cases
     from .ops.quant import cases as quant_cases
     from .ops.rotary import cases as rotary_cases
     from .ops.delay import cases as delay_cases
-    return [norm_cases, softmax_cases, activation_cases, quant_cases, rotary_cases, delay_cases]
+    return [norm_cases, softmax_cases, activation_cases, attention_cases, quant_cases, rotary_cases, delay_cases]
 
 
 def _device_type() -> str:

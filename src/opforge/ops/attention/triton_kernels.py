@@ -1,0 +1,378 @@
+"""Triton kernels for attention (prefill) and decode_attention (split-KV flash decoding).
+
+``prefill``: one program per (tile of BLOCK_M queries, batch x query head). It keeps its Q tile
+in registers and streams the K/V tiles of its key/value head (query head h reads key/value head
+h // group: grouped-query attention by head mapping, no repeat), with an online softmax in
+float32: a running row maximum and a sum rescaled to it, exponentials in base 2 with the scale
+folded in. The key range splits into tiles every query row of the tile sees in full (no mask)
+and the causal diagonal / ragged end (masked); tiles no row sees are never visited. Programs
+with the most causal work start first. A row that sees no key gives zeros.
+
+``decode``: split-KV. Program (batch b, key/value head, split, row block) reads its slice of
+the cache once for all ``group * Sq`` query rows of that head group, packed into one tile so the
+scores are a ``tl.dot``; it writes the slice's normalized partial output and log-sum-exp to a
+float32 scratch. A second kernel merges a row's partials (with one split, the split kernel writes
+the output itself and no merge runs). Lengths are read on the device only
+(clamped to [0, S_max]); a split past its sequence's length stores a log-sum-exp of -inf and
+reads nothing. Shapes of the grid and scratch depend on host-known sizes only, so a call is capturable
+in a CUDA graph and replays with new lengths.
+
+Head dimensions up to 256 run; the D block is padded to a power of two (>= 16) with masks.
+float16 / bfloat16 multiply in their precision with float32 accumulation; float32 inputs use
+IEEE float32 dots. Under ``TRITON_INTERPRET=1`` operands are cast to float32 (the interpreter's
+bf16 dot is wrong) and tiles are 16 wide so small tests cross tile boundaries.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...runtime import alloc
+from ...runtime.backends import triton_interpreting
+from ...runtime.errors import kernel_dtype_reason
+from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 128             # decode: at most this many slices of one sequence
+MIN_SPLIT_TOKENS = 256       # decode: a slice shorter than this costs more to merge than it saves
+DECODE_PROGRAMS_PER_SM = 4   # decode: programs aimed for (host-known sizes only)
+MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d, d_ok, end_n,
+                 shift, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+                 DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    """One K/V tile into the running (acc, max, sum) of every query row; keys >= end_n are
+    masked, and with CAUSAL key j is seen by row i only if j <= i + shift (MASKED tiles only)."""
+    cols = start_n + offs_n
+    k_ptrs = k_base + tl.cast(start_n, tl.int64) * k_ss + offs_n[:, None] * k_ss + offs_d[None, :]
+    v_ptrs = v_base + tl.cast(start_n, tl.int64) * v_ss + offs_n[:, None] * v_ss + offs_d[None, :]
+    if MASKED or PAD_D:
+        kv_mask = (cols < end_n)[:, None] & d_ok[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    if DOT_F32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * qk_scale
+    if MASKED:
+        ok = (cols < end_n)[None, :]
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= offs_m[:, None] + shift)
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing yet stays empty
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    if IEEE:
+        acc = tl.dot(p, v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
+                    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
+                    D: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)   # the longest causal rows first
+    bh = tl.program_id(1)
+    b = bh // hq
+    h = bh % hq
+    kvh = h // group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q_base = q_ptr + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
+    k_base = k_ptr + b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
+    v_base = v_ptr + b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
+    row_ok = offs_m < sq
+    q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * q_ss + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    shift = sk - sq
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(sk, (pid_m + 1) * BLOCK_M + shift), 0)          # no row sees keys >= hi
+        full = tl.maximum(tl.minimum(sk, pid_m * BLOCK_M + shift + 1), 0)         # every row sees keys < full
+    else:
+        hi = sk
+        full = sk
+    full = (full // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d,
+                                     d_ok, sk, shift, qk_scale, False, CAUSAL, PAD_D, DOT_F32, IEEE)
+    for start_n in range(full, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d,
+                                     d_ok, sk, shift, qk_scale, True, CAUSAL, PAD_D, DOT_F32, IEEE)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                               # no key seen: zeros
+    o_base = o_ptr + b.to(tl.int64) * o_sb + h.to(tl.int64) * o_sh
+    tl.store(o_base + offs_m.to(tl.int64)[:, None] * o_ss + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, o_ptr, hkv, hq, sq, rows, s_max,
+                         split_len, num_splits, qk_scale, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+                         DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
+    # DIRECT (one split): write the final output, no partials and no merge kernel
+    bk = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bk // hkv
+    kvh = bk % hkv
+    group = rows // sq
+    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)   # packed query row: r = g * Sq + i
+    row_ok = r < rows
+    g = r // sq
+    i = r % sq
+    head = kvh * group + g
+    out_row = (b * hq + head).to(tl.int64) * sq + i            # row of the (B, Hq, Sq) output
+    part = out_row * num_splits + split
+    seqlen = tl.minimum(tl.maximum(tl.load(lens_ptr + b).to(tl.int32), 0), s_max)
+    start = split * split_len
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    if start >= seqlen:   # a slice past this sequence's end: nothing to read
+        if DIRECT:
+            tl.store(o_ptr + out_row[:, None] * D + offs_d[None, :],
+                     tl.zeros([BLOCK_R, BLOCK_D], tl.float32).to(o_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & d_ok[None, :])
+        else:
+            tl.store(plse_ptr + part, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=row_ok)
+    else:
+        end = tl.minimum(start + split_len, seqlen)
+        offs_n = tl.arange(0, BLOCK_N)
+        q_ptrs = q_ptr + b.to(tl.int64) * q_sb + head.to(tl.int64)[:, None] * q_sh + i.to(tl.int64)[:, None] * q_ss \
+            + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
+        k_base = k_ptr + b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
+        v_base = v_ptr + b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
+        m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+        # row i sees keys j <= seqlen - Sq + i: in the prefill helper's terms, shift = seqlen - Sq
+        for start_n in range(start, end, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, i, offs_n, offs_d,
+                                         d_ok, end, seqlen - sq, qk_scale, True, True, True, DOT_F32, IEEE)
+        seen = l_i > 0.0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        if DIRECT:
+            tl.store(o_ptr + out_row[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & d_ok[None, :])
+        else:
+            tl.store(plse_ptr + part, lse, mask=row_ok)
+            tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _decode_combine_kernel(po_ptr, plse_ptr, o_ptr, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    s_all = tl.arange(0, BLOCK_S)
+    lse = tl.load(plse_ptr + row * num_splits + s_all, mask=s_all < num_splits, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp2(lse - m), axis=0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for c in range(0, num_splits, CHUNK_S):
+        s = c + tl.arange(0, CHUNK_S)
+        lse_c = tl.load(plse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
+        used = lse_c > float("-inf")             # a split past the sequence wrote no partial output
+        o = tl.load(po_ptr + (row * num_splits + s)[:, None] * D + offs_d[None, :],
+                    mask=used[:, None] & d_ok[None, :], other=0.0)
+        acc += tl.sum(tl.exp2(lse_c - m)[:, None] * o, axis=0)
+    out = acc / tl.where(total == 0.0, 1.0, total)
+    tl.store(o_ptr + row * D + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+
+
+_prefill = TritonLauncher(_prefill_kernel)
+_decode_split = TritonLauncher(_decode_split_kernel)
+_decode_combine = TritonLauncher(_decode_combine_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: Optional[int]) -> int:
+    """Multiprocessors of a CUDA device; a small stand-in under the interpreter (CPU tensors)."""
+    if device_index is None or not torch.cuda.is_available():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sms(t: torch.Tensor) -> int:
+    return sm_count(t.device.index if t.device.type == "cuda" else None)
+
+
+def head_block(d: int) -> int:
+    """The D block: a power of two >= max(D, 16) (``tl.dot`` needs 16)."""
+    return max(16, next_power_of_2(d))
+
+
+@functools.lru_cache(maxsize=None)
+def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the prefill kernel (H100 defaults; the
+    tiles shrink with the head block, and for float32, whose IEEE dots run without tensor cores:
+    these are the largest tiles ptxas compiles for sm_90 without spilling, per
+    ``benchmarks/attn_registers.py``)."""
+    if interpreted:
+        return 16, 16, 1, 1
+    block_d = head_block(d)
+    if itemsize == 4:
+        return (32, 32, 8, 2) if block_d <= 64 else (32, 16, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
+    if block_d <= 64:
+        return 128, 64, 4, 3
+    if block_d <= 128:
+        return 128, 64, 8, 3
+    return 64, 32, 8, 2
+
+
+@functools.lru_cache(maxsize=None)
+def decode_config(d: int, itemsize: int, rows: int, interpreted: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_R, BLOCK_N, num_warps, num_stages) for the split kernel: BLOCK_R packs the
+    ``group * Sq`` query rows of one key/value head (at least 16 for ``tl.dot``; fewer rows per
+    program for float32 and D=256, which would spill registers otherwise)."""
+    block_d = head_block(d)
+    cap = 16 if itemsize == 4 else 32 if block_d > 128 else MAX_ROW_BLOCK
+    block_r = max(16, min(cap, next_power_of_2(rows)))
+    if interpreted:
+        return block_r, 16, 1, 1
+    if itemsize == 4:
+        return block_r, 32, 8, 2
+    if block_d > 128:
+        return block_r, 32, 4, 2
+    return block_r, 64, 4, 3
+
+
+def decode_splits(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: int, block_n: int) -> tuple[int, int]:
+    """(splits, split_len): slices per sequence and their length (a multiple of ``block_n``), from
+    host-known sizes only, so that ``batch * kv_heads * row_blocks * splits`` programs fill the GPU
+    (batch 1 at long context too) while a slice keeps at least ``MIN_SPLIT_TOKENS`` keys.
+
+    Example:
+        >>> decode_splits(1, 8, 1, 131072, 132, 64)
+        (64, 2048)
+        >>> decode_splits(64, 8, 1, 1024, 132, 64)
+        (2, 512)
+    """
+    want = cdiv(DECODE_PROGRAMS_PER_SM * sms, batch * kv_heads * row_blocks)
+    splits = max(1, min(want, MAX_SPLITS, cdiv(s_max, MIN_SPLIT_TOKENS)))
+    split_len = cdiv(cdiv(s_max, splits), block_n) * block_n
+    return cdiv(s_max, split_len), split_len
+
+
+def _dot_flags(dtype: torch.dtype) -> tuple[bool, bool]:
+    """(DOT_F32, IEEE): cast operands to float32 under the interpreter; float32 dots in IEEE."""
+    return triton_interpreting(), dtype == torch.float32
+
+
+def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: Optional[int] = None,
+                   num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> torch.Tensor:
+    """Run the prefill kernel; the keyword arguments override its configuration (for tuning)."""
+    p = call.problem
+    q, k, v = call.q, call.k, call.v
+    out = alloc.empty((p.batch, p.q_heads, p.q_len, p.head_dim), q.dtype, q.device)
+    if out.numel() == 0:
+        return out
+    cfg = prefill_config(p.head_dim, q.element_size(), triton_interpreting())
+    bm, bn, nw, ns = (block_m or cfg[0], block_n or cfg[1], num_warps or cfg[2], num_stages or cfg[3])
+    dot_f32, ieee = _dot_flags(q.dtype)
+    grid = (cdiv(p.q_len, bm), p.batch * p.q_heads)
+    _prefill(grid, (q, k, v, out, p.q_len, p.kv_len, p.q_heads, p.group, call.scale * LOG2E,
+                    q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                    v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                    p.head_dim, head_block(p.head_dim), head_block(p.head_dim) != p.head_dim, bm, bn, call.causal,
+                    dot_f32, ieee),
+             num_warps=nw, num_stages=ns)
+    return out
+
+
+def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optional[int] = None,
+                  num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> torch.Tensor:
+    """Run split-KV decoding (split kernel + combine kernel); keyword arguments override the
+    configuration (for tuning). Never reads ``cache_seqlens`` on the host."""
+    p = call.problem
+    q, k, v = call.q, call.k_cache, call.v_cache
+    out = alloc.empty((p.batch, p.q_heads, p.q_len, p.head_dim), q.dtype, q.device)
+    if out.numel() == 0:
+        return out
+    if p.kv_len == 0:
+        return out.zero_()
+    rows = p.group * p.q_len
+    br, bn, nw, ns = decode_config(p.head_dim, q.element_size(), rows, triton_interpreting())
+    bn, nw, ns = block_n or bn, num_warps or nw, num_stages or ns
+    row_blocks = cdiv(rows, br)
+    if splits is None:
+        splits, split_len = decode_splits(p.batch, p.kv_heads, row_blocks, p.kv_len, _sms(q), bn)
+    else:
+        splits = min(splits, MAX_SPLITS)
+        split_len = cdiv(cdiv(p.kv_len, splits), bn) * bn
+        splits = cdiv(p.kv_len, split_len)
+    n_rows = p.batch * p.q_heads * p.q_len
+    direct = splits == 1
+    if direct:   # the split kernel writes the output itself
+        part_out = part_lse = out
+    else:
+        part_out = torch.empty((n_rows * splits, p.head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((n_rows * splits,), dtype=torch.float32, device=q.device)
+    dot_f32, ieee = _dot_flags(q.dtype)
+    block_d = head_block(p.head_dim)
+    _decode_split((p.batch * p.kv_heads, splits, row_blocks),
+                  (q, k, v, call.cache_seqlens, part_out, part_lse, out, p.kv_heads, p.q_heads, p.q_len, rows,
+                   p.kv_len, split_len, splits, call.scale * LOG2E, q.stride(0), q.stride(1), q.stride(2),
+                   k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+                   p.head_dim, block_d, br, bn, dot_f32, ieee, direct),
+                  num_warps=nw, num_stages=ns)
+    if not direct:
+        block_s = 16 if splits <= 16 else MAX_SPLITS    # two compiled variants, whatever the split count
+        _decode_combine((n_rows,), (part_out, part_lse, out, splits, p.head_dim, block_d, block_s, 16),
+                        num_warps=1 if block_d <= 64 else 2 if block_d <= 128 else 4, num_stages=2)
+    return out
+
+
+def _reason(p: AttentionProblem) -> Optional[str]:
+    reason = kernel_dtype_reason("triton", p.dtype, "q")
+    if reason:
+        return reason
+    if p.head_dim > MAX_KERNEL_HEAD_DIM:
+        return f"head_dim {p.head_dim} > {MAX_KERNEL_HEAD_DIM}"
+    return None
+
+
+VARIANTS = {
+    "attention": (
+        ("prefill", _reason, launch_prefill,
+         "flash attention: Q tile vs streamed K/V tiles, online softmax, causal tiles skipped"),
+    ),
+    "decode_attention": (
+        ("split_kv", _reason, launch_decode,
+         "split-KV flash decoding: each cache slice read once per head group, partials merged"),
+    ),
+}

@@ -1,0 +1,248 @@
+"""attention and decode_attention on every backend against the float64 oracle, on fresh random data:
+grouped heads, odd lengths, causal with Sq < Sk, Sq == Sk and Sq > Sk (empty rows), every head dim,
+transposed views read in place, huge logits, ragged cache lengths, several KV splits."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opforge
+from opforge.ops.attention import cases, reference, triton_kernels as tk
+from opforge.ops.attention.problem import prepare_decode
+from opforge.testing import DEVICE, ON_GPU, TOLERANCE, check_case, max_rel_error
+
+BACKENDS = ["triton", "torch"]
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+
+# (B, Hq, Hkv, Sq, Sk, D, causal): ratios 1, 4 and 8; Sq and Sk in 1, 3, 17, 33, 70; every head dim
+PREFILL = [
+    (1, 2, 2, 1, 1, 64, False),
+    (2, 4, 1, 3, 17, 64, True),       # Sq < Sk
+    (1, 4, 4, 33, 33, 80, True),      # Sq == Sk
+    (2, 8, 2, 17, 70, 96, False),
+    (1, 8, 1, 70, 33, 128, True),     # Sq > Sk: the first 37 rows see no key
+    (1, 2, 1, 17, 3, 256, False),
+    (1, 2, 2, 33, 70, 40, True),      # a head dim outside the usual set (padded block)
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", PREFILL, ids=lambda s: "x".join(map(str, s)))
+def test_prefill_matches_float64(backend, shape):
+    *dims, causal = shape
+    for dtype in DTYPES:
+        event, args, out = check_case(cases.prefill_case(*dims, dtype, causal), backend)
+        assert out.shape == args[0].shape and out.dtype == dtype
+        assert event.variant == ("prefill" if backend == "triton" else "reference")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_that_see_no_key_are_zero(backend):
+    q, k, v = (torch.randn(1, 4, s, 64, device=DEVICE) for s in (9, 5, 5))
+    k, v = k[:, :2], v[:, :2]
+    with opforge.backend(backend):
+        out = opforge.attention(q, k, v, causal=True)
+    # query i sees keys j <= i - 4: rows 0..3 see nothing
+    assert torch.equal(out[:, :, :4], torch.zeros_like(out[:, :, :4]))
+    ref = reference.attention(q.double(), k.double(), v.double(), causal=True)
+    assert ref[:, :, 4:].abs().sum() > 0
+    assert max_rel_error(out, ref) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_square_matches_sdpa(backend):
+    q, k, v = (torch.randn(2, 4, 33, 64, device=DEVICE) for _ in range(3))
+    with opforge.backend(backend):
+        out = opforge.attention(q, k, v, causal=True, scale=0.3)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True, scale=0.3)
+    assert max_rel_error(out, ref) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_huge_logits(backend):
+    for dtype in DTYPES:
+        check_case(cases.prefill_case(1, 4, 2, 17, 33, 64, dtype, True, logit_scale=100.0), backend)
+        # scale x 100 through the argument too: the running maximum keeps exp in range
+        q, k, v = (torch.randn(1, 2, 17, 64, device=DEVICE, dtype=dtype) for _ in range(3))
+        with opforge.backend(backend):
+            out = opforge.attention(q, k, v, scale=100 / 8)
+        ref = reference.attention(q.double(), k.double(), v.double(), scale=100 / 8)
+        assert max_rel_error(out, ref) <= TOLERANCE[dtype] * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transposed_views_run_in_place(backend):
+    """(B, S, H, D) tensors viewed as (B, H, S, D): no copy (empty trace note), right values."""
+    b, s, d = 2, 17, 64
+    q = torch.randn(b, s, 8, d, device=DEVICE, dtype=torch.float16).transpose(1, 2)
+    k = torch.randn(b, s + 16, 2, d, device=DEVICE, dtype=torch.float16).transpose(1, 2)
+    v = torch.randn(b, s + 16, 2, d, device=DEVICE, dtype=torch.float16).transpose(1, 2)
+    with opforge.backend(backend), opforge.trace() as t:
+        out = opforge.attention(q, k, v, causal=True)
+    assert t[0].note == ""
+    ref = reference.attention(q.double(), k.double(), v.double(), causal=True)
+    assert max_rel_error(out, ref) <= TOLERANCE[torch.float16]
+    # a cache sliced from a bigger buffer is a strided view too
+    big_k = torch.randn(b, 2, 100, d, device=DEVICE, dtype=torch.float16)
+    big_v = torch.randn(b, 2, 100, d, device=DEVICE, dtype=torch.float16)
+    lens = torch.tensor([40, 7], dtype=torch.int32, device=DEVICE)
+    qd = torch.randn(b, 1, 8, d, device=DEVICE, dtype=torch.float16).transpose(1, 2)
+    with opforge.backend(backend), opforge.trace() as t:
+        out = opforge.decode_attention(qd, big_k[:, :, :64], big_v[:, :, :64], lens)
+    assert t[0].note == ""
+    ref = reference.decode_attention(qd.double(), big_k[:, :, :64].double(), big_v[:, :, :64].double(), lens)
+    assert max_rel_error(out, ref) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_head_dim_is_copied_and_noted(backend):
+    case = cases.prefill_case(1, 2, 1, 17, 33, 64, torch.float32, False, layout="sliced")
+    event, _, _ = check_case(case, backend)
+    assert "q copied" in event.note and "k copied" in event.note and "v copied" in event.note
+
+
+# (B, Hq, Hkv, Sq, S_max, D, lengths): lengths 1 and S_max, int32; Sq 1 and 4; ratios 1, 4, 8
+DECODE = [
+    (2, 8, 2, 1, 70, 64, (70, 1)),
+    (3, 4, 1, 4, 33, 128, (4, 33, 17)),
+    (1, 8, 1, 1, 17, 96, (17,)),
+    (2, 2, 2, 4, 40, 80, (9, 40)),
+    (1, 2, 1, 1, 20, 256, (20,)),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", DECODE, ids=lambda s: "x".join(map(str, s[:-1])))
+def test_decode_matches_float64(backend, shape):
+    *dims, lens = shape
+    for dtype in DTYPES:
+        event, args, out = check_case(cases.decode_case(*dims, dtype, lens), backend)
+        assert out.shape == args[0].shape and out.dtype == dtype
+        assert event.variant == ("split_kv" if backend == "triton" else "reference")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_is_prefill_over_each_sequence(backend):
+    """Sequence b's queries are its last Sq positions: the same as causal prefill over its keys."""
+    q = torch.randn(3, 8, 4, 64, device=DEVICE)
+    kc, vc = torch.randn(3, 2, 50, 64, device=DEVICE), torch.randn(3, 2, 50, 64, device=DEVICE)
+    lengths = [50, 4, 23]
+    with opforge.backend(backend):
+        out = opforge.decode_attention(q, kc, vc, torch.tensor(lengths, device=DEVICE))   # int64 lengths
+        for b, n in enumerate(lengths):
+            ref = opforge.attention(q[b:b + 1], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n], causal=True)
+            assert max_rel_error(out[b:b + 1], ref.double()) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_zero_length_and_short_sequences_give_zeros(backend):
+    """Length 0 (an idle slot): zeros; length 2 with Sq 4: the first two queries see nothing."""
+    q = torch.randn(2, 4, 4, 64, device=DEVICE)
+    kc, vc = torch.randn(2, 4, 20, 64, device=DEVICE), torch.randn(2, 4, 20, 64, device=DEVICE)
+    lens = torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)
+    with opforge.backend(backend):
+        out = opforge.decode_attention(q, kc, vc, lens)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert torch.equal(out[1, :, :2], torch.zeros_like(out[1, :, :2]))
+    ref = reference.decode_attention(q.double(), kc.double(), vc.double(), lens)
+    assert ref[1, :, 2:].abs().sum() > 0
+    assert max_rel_error(out, ref) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_decode_several_splits_and_splits_past_the_length(splits):
+    """Split-KV with slices past a sequence's length (early exit) and merged partials."""
+    for dtype in (torch.float32, torch.bfloat16):
+        case = cases.decode_case(3, 8, 2, 4, 96, 64, dtype, (96, 5, 40))
+        (q, kc, vc, lens), _ = case.make(DEVICE)
+        with opforge.runtime.alloc.poisoned_outputs():
+            out = tk.launch_decode(prepare_decode(q, kc, vc, lens, None), splits=splits)
+        assert max_rel_error(out, case.oracle((q, kc, vc, lens), {})) <= TOLERANCE[dtype]
+
+
+def test_decode_default_splits_on_a_long_cache(monkeypatch):
+    """The public path with the split heuristic giving several slices (short minimum slice)."""
+    monkeypatch.setattr(tk, "MIN_SPLIT_TOKENS", 16)
+    assert tk.decode_splits(1, 1, 1, 100, tk.sm_count(None), 16)[0] > 1
+    case = cases.decode_case(1, 4, 1, 1, 100, 64, torch.float16, (73,))
+    check_case(case, "triton")
+
+
+def test_decode_splits_fill_the_gpu():
+    sms = 132
+    splits, length = tk.decode_splits(1, 8, 1, 131072, sms, 64)
+    assert splits * 8 >= 2 * sms and splits * length >= 131072 and length % 64 == 0
+    splits, _ = tk.decode_splits(32, 8, 1, 1024, sms, 64)
+    assert splits <= 4
+    assert tk.decode_splits(1, 8, 1, 100, sms, 64) == (1, 128)
+
+
+def test_tile_configs():
+    assert tk.prefill_config(128, 2) == (128, 64, 8, 3)
+    assert tk.prefill_config(256, 2)[0] <= 64
+    assert tk.head_block(80) == 128 and tk.head_block(8) == 16
+    assert tk.decode_config(128, 2, 4 * 4)[0] == 16 and tk.decode_config(128, 2, 8 * 16)[0] == tk.MAX_ROW_BLOCK
+
+
+# ---- GPU only: real sizes, CUDA graphs ----------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_real_sizes_gpu(d, causal):
+    for dtype in (torch.bfloat16, torch.float16):
+        check_case(cases.prefill_case(2, 16, 4, 1000, 1300, d, dtype, causal, layout="bshd"), "triton")
+
+
+@gpu
+def test_decode_real_sizes_gpu():
+    for dtype in (torch.bfloat16, torch.float16):
+        check_case(cases.decode_case(4, 32, 8, 1, 16384, 128, dtype, (16384, 1, 9000, 333)), "triton")
+        check_case(cases.decode_case(2, 8, 1, 16, 4096, 128, dtype, (4096, 16)), "triton")
+
+
+@gpu
+def test_decode_cuda_graph_replays_with_new_lengths():
+    torch.manual_seed(0)
+    b, hq, hkv, s_max, d = 4, 16, 4, 4096, 128
+    q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(b, hkv, s_max, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn(b, hkv, s_max, d, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([10, 4096, 1, 2000], dtype=torch.int32, device="cuda")
+    opforge.decode_attention(q, kc, vc, lens)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = opforge.decode_attention(q, kc, vc, lens)
+    for new in ([10, 4096, 1, 2000], [4096, 3, 777, 1], [1, 1, 1, 1]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        q.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference.decode_attention(q.double(), kc.double(), vc.double(), lens)
+        assert max_rel_error(out, ref) <= TOLERANCE[torch.bfloat16], new
+    assert math.isfinite(out.float().sum().item())
+
+
+# ---- random shapes (hypothesis) -------------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=15)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), ratio=st.sampled_from([1, 2, 4]), sq=st.integers(1, 40),
+       sk=st.integers(1, 40), d=st.sampled_from([16, 24, 64, 80]), causal=st.booleans(),
+       layout=st.sampled_from(["packed", "bshd"]), dtype=st.sampled_from(DTYPES))
+def test_prefill_random_shapes(b, hkv, ratio, sq, sk, d, causal, layout, dtype):
+    check_case(cases.prefill_case(b, hkv * ratio, hkv, sq, sk, d, dtype, causal, layout=layout), "triton")
+
+
+@settings(max_examples=15)
+@given(data=st.data(), b=st.integers(1, 3), hkv=st.integers(1, 2), ratio=st.sampled_from([1, 4, 8]),
+       sq=st.integers(1, 16), s_max=st.integers(1, 48), d=st.sampled_from([16, 64, 96]),
+       dtype=st.sampled_from(DTYPES))
+def test_decode_random_shapes(data, b, hkv, ratio, sq, s_max, d, dtype):
+    lengths = data.draw(st.lists(st.integers(0, s_max), min_size=b, max_size=b))
+    check_case(cases.decode_case(b, hkv * ratio, hkv, sq, s_max, d, dtype, lengths), "triton")
