@@ -58,8 +58,8 @@ def test_float32_scales_from_codes_and_fractional_zeros(m, bits):
 @pytest.mark.parametrize("m", [1, 4, 20])
 def test_split_k_and_ragged_edges(m):
     """K long enough to be split across programs; N not a multiple of the tile; per-row groups
-    with K not a multiple of the K tile (int8, K=200)."""
-    for n, k, bits, g in [(40, 2048, 4, 128), (24, 200, 8, -1), (72, 1024, 4, 32)]:
+    with K not a multiple of the K tile (int8, K=200), int8 K=50 (not whole words: the dot path at M=1)."""
+    for n, k, bits, g in [(40, 2048, 4, 128), (24, 200, 8, -1), (72, 1024, 4, 32), (24, 50, 8, -1), (8, 384, 8, 64)]:
         qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, g)
         x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)
         bias = torch.randn(n, device=DEVICE, dtype=torch.float16)

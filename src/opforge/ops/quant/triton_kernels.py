@@ -40,19 +40,20 @@ MAX_SPLIT = 32
 
 
 @triton.jit
-def _load_codes(w_ptr, rows, n_mask, k0, K, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
     """The (BLOCK_N, BLOCK_K) int32 codes of rows ``rows`` at columns ``k0 ..`` (0 where masked)."""
     if BITS == 4:
         words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        w_off = rows.to(tl.int64)[:, None] * (K // 8) + words[None, :]
+        w_off = rows.to(tl.int64)[:, None] * stride_w + words[None, :]
         packed = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (words < K // 8)[None, :], other=0)
         shifts = tl.arange(0, 8) * 4
-        codes = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
-        return tl.reshape(codes, (BLOCK_N, BLOCK_K))
+        codes = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        w_off = rows.to(tl.int64)[:, None] * K + ks[None, :]
-        return tl.load(w_ptr + w_off, mask=n_mask[:, None] & (ks < K)[None, :], other=0).to(tl.int32)
+        w_off = rows.to(tl.int64)[:, None] * stride_w + ks[None, :]
+        codes = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (ks < K)[None, :], other=0).to(tl.int32)
+    return codes
 
 
 @triton.jit
@@ -65,22 +66,22 @@ def _codes_as_float(codes, MODE: tl.constexpr):
     MODE 2 (codes < 1024): float16 ``1024 + code``. MODE 3: float32 code rounded to bfloat16
     (exact for codes < 256). Modes 1 and 2 keep the offset: the caller adds it to the zero."""
     if MODE == 1:
-        return (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        out = (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
     elif MODE == 2:
-        return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        out = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    elif MODE == 3:
+        out = ((codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(tl.bfloat16)
     else:
-        f = (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        if MODE == 3:
-            return f.to(tl.bfloat16)
-        return f
+        out = (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return out   # one return: compiled Triton wants one return type per function
 
 
 @triton.jit
-def _qlinear_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, k_per_split, m_tiles,
-                    BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, USE_DOT: tl.constexpr, F32_DOT: tl.constexpr,
-                    CODE_MODE: tl.constexpr, CODE_OFFSET: tl.constexpr,
-                    SUB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_w, k_per_split, m_tiles,
+                BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+                HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
+                CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) output tiles; per K tile (inside one group) the codes go to tl.dot."""
     pid = tl.program_id(0)
     pid_m = pid % m_tiles
     pid_n = pid // m_tiles
@@ -91,49 +92,36 @@ def _qlinear_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_
     m_mask = ms < M
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
-    NSUB: tl.constexpr = BLOCK_K // SUB
     zero_const: tl.constexpr = 2 ** (BITS - 1)
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        codes = _load_codes(w_ptr, rows, n_mask, k0, K, BITS, BLOCK_N, BLOCK_K)
+        codes = _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS, BLOCK_N, BLOCK_K)
         x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        if PER_ROW:
-            g = tl.zeros((NSUB,), dtype=tl.int32)
-        else:
-            g = (k0 + tl.arange(0, NSUB) * SUB) // GROUP
-        sg_off = g[None, :] * N + rows[:, None]                     # (BLOCK_N, NSUB), scales_t is (groups, N)
-        s = tl.load(s_ptr + sg_off, mask=n_mask[:, None], other=0.0).to(tl.float32)
+        g = 0 if PER_ROW else k0 // GROUP
+        s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)     # scales_t is (groups, N)
         if SYMMETRIC:
-            z = tl.full((BLOCK_N, NSUB), zero_const, tl.float32)
+            z = tl.full((BLOCK_N,), zero_const, tl.float32)
         else:
-            z = tl.load(z_ptr + sg_off, mask=n_mask[:, None], other=0.0).to(tl.float32)
-        if USE_DOT:
-            # NSUB == 1: the whole K tile is one group
-            c = _codes_as_float(codes, CODE_MODE)                     # code + CODE_OFFSET
-            if F32_DOT:
-                p = tl.dot(x.to(tl.float32), tl.trans(c.to(tl.float32)))
-            else:
-                p = tl.dot(x, tl.trans(c))
-            xs = tl.sum(x.to(tl.float32), axis=1)                    # (BLOCK_M,)
-            s1 = tl.reshape(s, (BLOCK_N,))
-            z1 = tl.reshape(z, (BLOCK_N,)) + CODE_OFFSET
-            acc += (p - xs[:, None] * z1[None, :]) * s1[None, :]
+            z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        # the whole K tile is one group (BLOCK_K divides it)
+        c = _codes_as_float(codes, CODE_MODE)                         # code + CODE_OFFSET
+        if F32_DOT:
+            p = tl.dot(x.to(tl.float32), tl.trans(c.to(tl.float32)))
         else:
-            c = tl.reshape(_codes_as_float(codes, 0), (BLOCK_N, NSUB, SUB))
-            xv = tl.reshape(x.to(tl.float32), (NSUB, SUB))           # BLOCK_M == 1
-            p = tl.sum(c * xv[None, :, :], axis=2)                    # (BLOCK_N, NSUB)
-            xs = tl.sum(xv, axis=1)                                   # (NSUB,)
-            acc += tl.sum((p - z * xs[None, :]) * s, axis=1)
-    if USE_DOT:
-        res = acc
-    else:
-        res = acc[None, :]
+            p = tl.dot(x, tl.trans(c))
+        xs = tl.sum(x.to(tl.float32), axis=1)                        # (BLOCK_M,)
+        acc += (p - xs[:, None] * (z + CODE_OFFSET)[None, :]) * s[None, :]
+    _store(acc, ms, m_mask, rows, n_mask, pid_k, M, N, b_ptr, out_ptr, HAS_BIAS, PARTIAL)
+
+
+@triton.jit
+def _store(res, ms, m_mask, rows, n_mask, pid_k, M, N, b_ptr, out_ptr, HAS_BIAS: tl.constexpr,
+           PARTIAL: tl.constexpr):
+    """Write a (BLOCK_M, BLOCK_N) float32 result: to this split's slice of the workspace, or
+    with the bias added, cast, to the output."""
     out_mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
         off = (pid_k * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
@@ -143,6 +131,62 @@ def _qlinear_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_
             res += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         off = ms.to(tl.int64)[:, None] * N + rows[None, :]
         tl.store(out_ptr + off, res.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, k_words, stride_w, k_per_split,
+                 BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row of x (M = 1). The weight is read as int32 words (int4: 8 codes, int8: 4) in a
+    (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was loaded in: code ``i`` of every
+    word meets x[k0 + PACK*j + i] (a strided read of x, from L1) by FMAs into a per-word sum, so
+    nothing is reshaped or moved between threads until the one reduction at the end."""
+    PACK: tl.constexpr = 32 // BITS
+    WORDS: tl.constexpr = BLOCK_K // PACK
+    CODE_MASK: tl.constexpr = 2 ** BITS - 1
+    zero_const: tl.constexpr = 2 ** (BITS - 1)
+    SCALE_PER_WORD: tl.constexpr = (not PER_ROW) and GROUP < BLOCK_K
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    words_ptr = w_ptr.to(tl.pointer_type(tl.int32))   # int8 rows are read as words too (K % 4 == 0)
+    row_off = rows.to(tl.int64)[:, None] * stride_w
+    j = tl.arange(0, WORDS)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    acc = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        wj = k0 // PACK + j
+        j_mask = wj < k_words
+        packed = tl.load(words_ptr + row_off + wj[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0)
+        t = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+        xs = tl.zeros((WORDS,), dtype=tl.float32)
+        for i in tl.static_range(PACK):
+            xi = tl.load(x_ptr + k0 + j * PACK + i, mask=j_mask, other=0.0).to(tl.float32)
+            ci = (((packed >> (BITS * i)) & CODE_MASK) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            t += ci * xi[None, :]
+            xs += xi
+        if SCALE_PER_WORD:   # several groups in the tile: each word's own group
+            sg_off = ((k0 + j * PACK) // GROUP)[None, :] * N + rows[:, None]
+            sg_mask = n_mask[:, None] & j_mask[None, :]
+            s = tl.load(s_ptr + sg_off, mask=sg_mask, other=0.0).to(tl.float32)
+            if SYMMETRIC:
+                acc += s * (t - zero_const * xs[None, :])
+            else:
+                z = tl.load(z_ptr + sg_off, mask=sg_mask, other=0.0).to(tl.float32)
+                acc += s * (t - z * xs[None, :])
+        else:
+            g = 0 if PER_ROW else k0 // GROUP
+            s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+            if SYMMETRIC:
+                acc += s[:, None] * (t - zero_const * xs[None, :])
+            else:
+                z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+                acc += s[:, None] * (t - z[:, None] * xs[None, :])
+    res = tl.sum(acc, axis=1)[None, :]
+    ms = tl.arange(0, 1)
+    _store(res, ms, ms < 1, rows, n_mask, pid_k, 1, N, b_ptr, out_ptr, HAS_BIAS, PARTIAL)
 
 
 @triton.jit
@@ -159,7 +203,8 @@ def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_qlinear = TritonLauncher(_qlinear_kernel)
+_qmm = TritonLauncher(_qmm_kernel)
+_gemv = TritonLauncher(_gemv_kernel)
 _combine = TritonLauncher(_combine_kernel)
 
 
@@ -173,13 +218,14 @@ def _sm_count(device_index) -> int:
 def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, use_dot, num_warps, num_stages) for a problem.
 
-    Decode, M = 1: 64 features x 256 columns of codes per step (int4: 8 KB of words per program
-    step), FMA path. Decode, M 2..16: 16 padded rows, tl.dot, BLOCK_K the group (at most 128).
-    Prefill: 64- or 128-row tiles by M, 128 features unless N is small, BLOCK_K = min(group, 64).
+    M = 1 (the GEMV kernel, no dot): 8 KB of packed words per program step; int4 128 features x
+    128 codes (the g128 group: one scale per row and step), int8 64 x 128. M 2..16: 16 padded
+    rows, tl.dot, BLOCK_K the group (at most 128). Prefill: 64- or 128-row tiles by M, 128
+    features unless N is small, BLOCK_K = min(group, 64).
     """
     g = p.k if p.group >= p.k else p.group
-    if p.m == 1:
-        return 1, 64, 256 if p.bits == 4 else 128, False, 4, 3
+    if p.m == 1 and _gemv_ok(p):
+        return 1, 128 if p.bits == 4 else 64, 128, False, 4, 3
     if p.m <= 16:
         return 16, 64, min(_pow2_le(g), 128), True, 4, 3
     block_m = 64 if p.m <= 64 else 128
@@ -187,10 +233,15 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     return block_m, block_n, min(_pow2_le(g), 64), True, 8 if block_m == 128 else 4, 3
 
 
+def _gemv_ok(p: LinearProblem) -> bool:
+    """The GEMV kernel reads int32 words: int8 rows need K % 4 == 0 (int4 always has K % 8 == 0)."""
+    return p.bits == 4 or p.k % 4 == 0
+
+
 def code_mode(bits: int, dtype: torch.dtype) -> tuple[int, int]:
     """How the dot path turns codes into x's dtype (see ``_codes_as_float``), and the offset that
     leaves on them: int4 and bf16 x: bf16 128 + code; fp16 x: fp16 1024 + code; int8 and bf16 x
-    (1 + code needs 9 significant bits at 256): float32, then rounded to bf16 (exact)."""
+    (128 + code needs 9 significant bits): float32, then rounded to bf16 (exact)."""
     if dtype == torch.float16:
         return 2, 1024
     return (1, 128) if bits == 4 else (3, 0)
@@ -200,6 +251,16 @@ def _pow2_le(v: int) -> int:
     return 1 << (v.bit_length() - 1)
 
 
+def _split(tiles: int, k: int, block_k: int, device: torch.device, programs_per_sm: int) -> tuple[int, int]:
+    """(splits, K per split): split K while the tiles alone give fewer than ``programs_per_sm``
+    programs per SM, each split a whole number of K tiles."""
+    k_steps = cdiv(k, block_k)
+    want = programs_per_sm * _sm_count(device.index if device.type == "cuda" else None)
+    split = max(1, min(MAX_SPLIT, k_steps, want // tiles)) if tiles < want else 1
+    k_per_split = cdiv(k_steps, split) * block_k
+    return cdiv(k, k_per_split), k_per_split
+
+
 def launch(call: LinearCall) -> torch.Tensor:
     """Run the kernel for ``call`` (either variant: the tile config tells them apart)."""
     return launch_config(call, tile_config(call.problem))
@@ -207,37 +268,41 @@ def launch(call: LinearCall) -> torch.Tensor:
 
 def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM) -> torch.Tensor:
     """Run ``call`` with an explicit ``tile_config``-style tuple (the benchmark's sweep uses this).
-    The dot path needs BLOCK_K <= the group (checked); BLOCK_M 1 means the FMA path."""
+    BLOCK_M 1 without dot is the GEMV kernel (M must be 1); the dot path needs BLOCK_K <= group."""
     p = call.problem
     w = call.w
     x = call.x
     block_m, block_n, block_k, use_dot, warps, stages = config
-    if use_dot and block_k > w.group and w.group < p.k:
-        raise ValueError(f"the dot path needs BLOCK_K ({block_k}) <= group ({w.group})")
-    if not use_dot and block_m != 1:
-        raise ValueError("the FMA path takes BLOCK_M = 1")
     per_row = w.group_size == -1 or w.group >= p.k
-    sub = block_k if per_row else min(w.group, block_k)
+    if use_dot and block_k > w.group and not per_row:
+        raise ValueError(f"the dot path needs BLOCK_K ({block_k}) <= group ({w.group})")
+    if not use_dot and (p.m != 1 or not _gemv_ok(p)):
+        raise ValueError("the GEMV kernel takes M = 1 (and int8 K % 4 == 0)")
+    if not use_dot and not per_row and w.group < block_k and block_k % w.group:
+        raise ValueError(f"the GEMV kernel needs BLOCK_K ({block_k}) and the group ({w.group}) to divide one another")
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
-    k_steps = cdiv(p.k, block_k)
-    want = programs_per_sm * _sm_count(x.device.index if x.device.type == "cuda" else None)
-    split = max(1, min(MAX_SPLIT, k_steps, want // tiles)) if tiles < want else 1
-    k_per_split = cdiv(k_steps, split) * block_k
-    split = cdiv(p.k, k_per_split)
+    split, k_per_split = _split(tiles, p.k, block_k, x.device, programs_per_sm)
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
-    bias = call.bias if call.bias is not None else w.scales_t
+    has_bias = call.bias is not None
+    bias = call.bias if has_bias else w.scales_t
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
-    f32_dot = triton_interpreting()
-    mode, offset = code_mode(w.bits, x.dtype) if use_dot else (0, 0)
     target = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
-    _qlinear((tiles, split), (x, w.packed, w.scales_t, zeros, bias, target, p.m, p.n, p.k, x.stride(0), k_per_split,
-                              m_tiles, w.bits, w.group, per_row, w.symmetric, call.bias is not None, split > 1,
-                              use_dot, f32_dot, mode, offset, sub, block_m, block_n, block_k),
+    if use_dot:
+        mode, offset = code_mode(w.bits, x.dtype)
+        _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, target, p.m, p.n, p.k, x.stride(0),
+                              w.packed.stride(0), k_per_split, m_tiles, w.bits, w.group, per_row, w.symmetric,
+                              has_bias, split > 1, triton_interpreting(), mode, offset, block_m, block_n, block_k),
              num_warps=warps, num_stages=stages)
+    else:
+        pack = 32 // w.bits
+        _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, target, p.n, p.k, p.k // pack, p.k // pack,
+                                 k_per_split, w.bits, w.group, per_row, w.symmetric, has_bias, split > 1,
+                                 block_n, block_k),
+              num_warps=warps, num_stages=stages)
     if split > 1:
         mn = p.m * p.n
-        _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, call.bias is not None, 1024), num_warps=4)
+        _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, has_bias, 1024), num_warps=4)
     return out.view(call.out_shape)
 
 
