@@ -1,25 +1,30 @@
 """Triton kernels for ``linear`` with a quantized weight (int4 or int8, any group, symmetric or not).
 
-One kernel, two variants chosen by the number of rows M of x:
+Two kernels behind two variants, chosen by the number of rows M of x:
 
-* ``decode`` (M <= 16): GEMV-style. A program owns BLOCK_N output features and a range of K;
-  it streams that part of the packed weight once (int4: int32 words of 8 codes, 16-byte vector
-  loads; int8: bytes) and unpacks it in registers. For M = 1 the codes meet x with float32 FMAs
-  and a reduction along K; for 2..16 rows x is padded to 16 rows and the codes go to ``tl.dot``,
-  so every row shares each weight load. When N alone gives too few programs to fill the GPU, K
-  is split: each split writes float32 partials to a workspace (split, M, N) and a tiny second
-  kernel adds them in a fixed order, the bias, and casts (deterministic; no atomics, no memset).
-* ``prefill`` (M > 16): the same loop on (BLOCK_M, BLOCK_N) output tiles, the codes of each K
-  tile fed to ``tl.dot`` (tensor cores) against x; tiles chosen by M, N, K and the group. The
-  programs that share an N tile run next to each other, so the weight tile is read from DRAM
-  about once. Split K applies here too when the tiles are too few.
+* ``decode`` (M <= 16). M = 1: ``_gemv_kernel``. A program owns BLOCK_N output features and a
+  range of K; it streams that part of the packed weight once as int32 words (int4: 8 codes,
+  int8: 4), in a (BLOCK_N, words) tile that never leaves the layout it was loaded in: code ``i``
+  of every word is extracted with a shift and a mask, turned into a float without an
+  int-to-float conversion (OR-ed into the mantissa of 2**23), and meets x[k0 + PACK*j + i] (a
+  strided read of x, from L1) by FMAs into per-word sums; scale and zero are applied per word
+  column, and the only cross-thread reduction is the one at the end. M = 2..16: ``_qmm_kernel``
+  with 16 padded rows: every row shares each weight load.
+* ``prefill`` (M > 16): ``_qmm_kernel`` on (BLOCK_M, BLOCK_N) tiles; per K tile (inside one
+  group) the codes, as 16-bit floats, go to ``tl.dot`` (tensor cores) against x. Tiles by M, N,
+  K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
+  read from DRAM about once.
 
-Exactness: a K tile never straddles a group (BLOCK_K divides the group, or for the FMA path
-the tile is viewed as (BLOCK_K / SUB, SUB) sub-groups). Per group the kernel accumulates
-``scale * (sum_k x*code - zero * sum_k x)``: the codes (< 256) are exact in float16/bfloat16,
-products are exact and sums float32, so the result is the QuantizedWeight's up to float32
-accumulation, with no 16-bit rounding of a dequantized weight. Under the interpreter (whose
-bf16 ``tl.dot`` is wrong) the dot operands are cast to float32.
+Both split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
+split writes float32 partials to a workspace (split, M, N) and a tiny second kernel adds them in
+split order, adds the bias and casts (deterministic; no atomics, no memset).
+
+Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``. Codes are
+exact in float32 and in 16-bit floats (the dot path keeps an offset on them, 128 or 1024, folded
+into the zero), products are exact and sums float32: the result is the QuantizedWeight's up to
+float32 accumulation; no dequantized weight is rounded to 16 bits. Under the interpreter (whose
+bf16 ``tl.dot`` is wrong) the dot operands are cast to float32. ``benchmarks/quant_ptx.py``
+reports registers, spills and shared memory per config for sm_90 without a GPU.
 """
 from __future__ import annotations
 
