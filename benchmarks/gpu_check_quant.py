@@ -187,14 +187,24 @@ def time_shape(bench: Bench, n: int, k: int, ms: list, copy_gbs: float, results:
                           n * k // 2 + (k // 128) * n * 4 + io_bytes, None))
         if "torch int8pack" in peers:
             impls.append(("torch int8pack", lambda: peers["torch int8pack"](x), n * k + n * 2 + io_bytes, None))
-        if m >= 4096:
+        if m >= 1024:
+            from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
+            call = qproblem.prepare(x, q4, None)
+            gemm_cfg = qtk.tile_config(call.problem)
+            impls.append(("opforge int4 triton-gemm", lambda: qtk.launch_config(call, gemm_cfg),
+                          q4.nbytes + io_bytes, None))
             impls.append(("dequant+cuBLAS (torch)", lambda: F.linear(x, q4.dequantize(torch.bfloat16)),
                           q4.nbytes + n * k * 2 * 2 + io_bytes, None))
         base = None
         for name, fn, nbytes, qw in impls:
             row: dict[str, Any] = dict(shape=[n, k], m=m, impl=name)
             try:
-                if qw is not None and m <= 64:
+                small = m <= 64 or n * k <= 4096 * 4096      # where the float64 oracle is cheap
+                if name == "opforge int4 triton-gemm" and small:
+                    with alloc.poisoned_outputs():
+                        row["err"] = rel_error(fn(), oracle(x, q4))
+                    row["ok"] = row["err"] <= TOLERANCE[torch.bfloat16]
+                elif qw is not None and small:
                     with alloc.poisoned_outputs(), opforge.trace() as t:
                         y = fn()
                     row["variant"] = t[0].variant
@@ -341,7 +351,7 @@ def main() -> int:
         traceback.print_exc()
     print(f"== timing ({elapsed():.0f} s so far)", flush=True)
     shapes = [(64, 256), (96, 512)] if args.cpu_smoke else SHAPES
-    ms = [1, 16, 17] if args.cpu_smoke else MS
+    ms = [1, 16, 17, 1024] if args.cpu_smoke else MS
     for n, k in shapes:
         try:
             time_shape(bench, n, k, ms, copy_gbs, results)

@@ -118,7 +118,7 @@ def test_explain_names_the_variant():
     qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
     with opforge.backend("triton"):
         text = str(opforge.explain("linear", torch.randn(40, K, device=DEVICE, dtype=torch.float16), qw))
-    assert "chosen: triton.prefill" in text and "not triton.decode" in text
+    assert "chosen: triton.prefill" in text and "not triton.decode" in text and "not triton.dequant_gemm" in text
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -157,3 +157,27 @@ def test_verify_cases(backend):
     assert len(chosen) >= 10
     variants = {check_case(case, backend)[0].variant for case in chosen}
     assert variants == ({"decode", "prefill"} if backend == "triton" else {"reference"})
+
+
+@pytest.mark.parametrize("bits, group_size, symmetric", [(4, 128, False), (8, 32, True), (4, -1, True)])
+def test_triton_dequantize_is_exact(bits, group_size, symmetric):
+    qw = opforge.quantize_weight(torch.randn(40, 256, device=DEVICE), bits, group_size, symmetric)
+    assert torch.equal(tk.dequantize(qw, torch.float32), qw.dequantize())
+    half = tk.dequantize(qw, torch.bfloat16)
+    if DEVICE == "cuda":
+        assert torch.equal(half, qw.dequantize(torch.bfloat16))
+    else:   # the interpreter truncates to bf16 instead of rounding: within one bf16 step
+        assert torch.allclose(half.float(), qw.dequantize(), rtol=2 ** -7, atol=0)
+
+
+def test_dequant_gemm_variant_for_many_rows(monkeypatch):
+    from opforge.ops.quant import problem
+    monkeypatch.setattr(problem, "DEQUANT_GEMM_MIN_M", 40)
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+    x = torch.randn(45, K, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+    y, event = run_triton(x, qw, bias)
+    assert event.variant == "dequant_gemm"
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+    y, event = run_triton(x[:39], qw, bias)
+    assert event.variant == "prefill"

@@ -15,7 +15,11 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
   read from DRAM about once.
 
-Both split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
+* ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``): ``_dequant_kernel`` writes the weight
+  in x's dtype (one pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the
+  dequantized weight to 16 bits; at these M the GEMM dwarfs the extra pass.
+
+The GEMV and dot kernels split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
 split writes float32 partials to a workspace (split, M, N) and a tiny second kernel adds them in
 split order, adds the bias and casts (deterministic; no atomics, no memset).
 
@@ -31,12 +35,14 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.launch import TritonLauncher, cdiv
+from . import problem as qproblem
 from .problem import LinearCall, LinearProblem
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -208,7 +214,28 @@ def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
+                    PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    n_mask = rows < N
+    ks = k0 + tl.arange(0, BLOCK_K)
+    codes = _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS, BLOCK_N, BLOCK_K)
+    g = 0 if PER_ROW else k0 // GROUP
+    s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+    if SYMMETRIC:
+        z = tl.full((BLOCK_N,), 2 ** (BITS - 1), tl.float32)
+    else:
+        z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+    w = (_codes_as_float(codes, 0) - z[:, None]) * s[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=n_mask[:, None] & (ks < K)[None, :])
+
+
 _qmm = TritonLauncher(_qmm_kernel)
+_dequant = TritonLauncher(_dequant_kernel)
 _gemv = TritonLauncher(_gemv_kernel)
 _combine = TritonLauncher(_combine_kernel)
 
@@ -311,6 +338,25 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
     return out.view(call.out_shape)
 
 
+def dequantize(w, dtype: torch.dtype) -> torch.Tensor:
+    """The (N, K) weight ``(code - zero) * scale`` (float32, then cast to ``dtype``) by a Triton kernel."""
+    n, k = w.shape
+    per_row = w.group_size == -1 or w.group >= k
+    block_k = min(_pow2_le(k if per_row else w.group), 128)
+    out = alloc.empty((n, k), dtype, w.device)
+    zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
+    _dequant((cdiv(n, 32), cdiv(k, block_k)), (w.packed, w.scales_t, zeros, out, n, k, w.packed.stride(0), w.bits,
+                                                w.group, per_row, w.symmetric, 32, block_k), num_warps=4)
+    return out
+
+
+def launch_dequant_gemm(call: LinearCall) -> torch.Tensor:
+    """Dequantize the weight to x's dtype (one pass over N*K), then cuBLAS through ``F.linear``.
+    Unlike the other variants, the weight is rounded to x's 16-bit dtype before the product."""
+    wd = dequantize(call.w, call.x.dtype)
+    return F.linear(call.x, wd, call.bias).view(call.out_shape)
+
+
 def _dtype_reason(p: LinearProblem):
     if p.dtype not in KERNEL_DTYPES:
         return (f"x is {str(p.dtype).replace('torch.', '')}; the quantized kernels take float16 or bfloat16 "
@@ -326,11 +372,18 @@ def supports_decode(p: LinearProblem):
     return _dtype_reason(p) or (None if p.decode else f"M={p.m} rows > 16: the prefill variant's")
 
 
+def supports_dequant_gemm(p: LinearProblem):
+    return _dtype_reason(p) or (None if p.large else
+                                f"M={p.m} rows < {qproblem.DEQUANT_GEMM_MIN_M}: the Triton GEMM's (exact codes, no weight pass)")
+
+
 def supports_prefill(p: LinearProblem):
     return _dtype_reason(p)
 
 
 VARIANTS = (
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
+    ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
+     "M >= 1024: weight dequantized to x's dtype in one pass, then cuBLAS"),
     ("prefill", supports_prefill, launch, "M > 16: codes fed to tl.dot per group tile, scale/zero per group"),
 )
