@@ -130,6 +130,8 @@ def correctness(device: str, smoke: bool, results: dict) -> None:
             for sym in (False, True):
                 qw = opforge.quantize_weight(w, bits, g, sym)
                 qerr = rel_error(qw.dequantize(), w)
+                if bits == 4 and g == 128 and not sym:
+                    check_fixup(device, qw, results)
                 for m in ms:
                     label = f"int{bits} g{g} {'sym' if sym else 'asym'} {n}x{k} M={m}"
                     try:
@@ -146,6 +148,29 @@ def correctness(device: str, smoke: bool, results: dict) -> None:
                     except Exception as exc:
                         results["correctness"].append(dict(case=label, ok=False, error=repr(exc)[:300]))
                         print(f"FAIL {label}: {type(exc).__name__}: {exc}", flush=True)
+
+
+def check_fixup(device: str, qw: opforge.QuantizedWeight, results: dict) -> None:
+    """The in-kernel split reduction (SPLIT_FIXUP) against the oracle and the combine kernel, 20 calls."""
+    from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
+    for m in (1, 8, 40):
+        label = f"int4 g128 M={m} split reduction in the kernel (FIXUP)"
+        try:
+            x = torch.randn(m, qw.shape[1], device=device, dtype=torch.bfloat16)
+            call = qproblem.prepare(x, qw, None)
+            cfg = qtk.tile_config(call.problem)
+            with alloc.poisoned_outputs():
+                ref = qtk.launch_config(call, cfg, 8, fixup=False)
+                outs = [qtk.launch_config(call, cfg, 8, fixup=True) for _ in range(20)]
+            same = all(torch.equal(o, ref) for o in outs)
+            err = max(rel_error(o, oracle(x, qw)) for o in outs)
+            ok = same and err <= TOLERANCE[torch.bfloat16]
+            results["correctness"].append(dict(case=label, err=err, ok=ok, same_as_combine=same))
+            print(f"{'PASS' if ok else 'FAIL'} {label}: err {err:.2e}, bitwise equal to the combine kernel: {same}",
+                  flush=True)
+        except Exception as exc:
+            results["correctness"].append(dict(case=label, ok=False, error=repr(exc)[:300]))
+            print(f"FAIL {label}: {type(exc).__name__}: {exc}", flush=True)
 
 
 # -- 2. timing ------------------------------------------------------------------------------------------
@@ -264,14 +289,16 @@ def sweep(bench: Bench, results: dict) -> None:
             default = qtk.tile_config(call.problem)
             ref = oracle(x, q4) if m <= 64 else None
             for cfg in configs:
-                for pps in ((2, 4, 8) if m <= 16 else (4,)):
+                for pps, fixup in ([(2, False), (4, False), (8, False), (4, True), (8, True)] if m <= 16
+                                   else [(4, False)]):
                     if bench.left() < 5:
                         results["skipped"].append(f"sweep {n}x{k} M={m} {cfg}")
                         continue
                     row: dict[str, Any] = dict(shape=[n, k], m=m, config=list(cfg), programs_per_sm=pps,
-                                               default=(cfg == default and pps == qtk.PROGRAMS_PER_SM))
+                                               fixup=fixup, default=(cfg == default and pps == qtk.PROGRAMS_PER_SM
+                                                                     and fixup == qtk.SPLIT_FIXUP))
                     try:
-                        fn = (lambda: qtk.launch_config(call, cfg, pps))
+                        fn = (lambda: qtk.launch_config(call, cfg, pps, fixup))
                         y = fn()
                         if ref is not None:
                             row["err"] = rel_error(y, ref)
@@ -281,7 +308,7 @@ def sweep(bench: Bench, results: dict) -> None:
                     except Exception as exc:
                         row["error"] = f"{type(exc).__name__}: {exc}"[:200]
                     results["sweep"].append(row)
-                    print(f"sweep {n}x{k} M={m:<5d} {str(cfg):34s} pps={pps} " +
+                    print(f"sweep {n}x{k} M={m:<5d} {str(cfg):34s} pps={pps}{' fixup' if fixup else '      '} " +
                           (f"{row['ms'] * 1e3:8.1f} us {row['pct_copy']:5.1f}%{' err %.1e' % row['err'] if 'err' in row else ''}"
                            f"{'  <- default' if row['default'] else ''}" if "ms" in row else row["error"]), flush=True)
         print(f"sweep {n}x{k}: bf16 cuBLAS M=1 {base * 1e3:.1f} us", flush=True)

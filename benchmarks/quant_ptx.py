@@ -2,7 +2,8 @@
 config, compiled for sm_90 with the launch's specialization (aligned pointers, sizes and strides
 divisible by 16). No GPU needed.
 
-    PYTHONPATH=src python benchmarks/quant_ptx.py
+    PYTHONPATH=src python benchmarks/quant_ptx.py            # a few configs: registers, spills, loads
+    PYTHONPATH=src python benchmarks/quant_ptx.py --matrix   # every constexpr combination compiles (~80 s)
 """
 from __future__ import annotations
 
@@ -24,18 +25,18 @@ ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "out_ptr", "N", "K", "st
 def compile_kernel(bits: int, group: int, x: str, config: tuple, partial: bool = False, symmetric: bool = False):
     block_m, block_n, block_k, use_dot, warps, stages = config
     common = dict(BITS=bits, GROUP=group, PER_ROW=False, SYMMETRIC=symmetric, HAS_BIAS=False, PARTIAL=partial,
-                  BLOCK_N=block_n, BLOCK_K=block_k)
+                  FIXUP=False, BLOCK_N=block_n, BLOCK_K=block_k)
     if use_dot:
         kernel = tk._qmm_kernel
         mode, offset = tk.code_mode(bits, {"bf16": tk.torch.bfloat16, "fp16": tk.torch.float16}[x])
         consts = dict(common, F32_DOT=False, CODE_MODE=mode, CODE_OFFSET=offset, BLOCK_M=block_m)
-        ints = ("M", "N", "K", "stride_xm", "stride_w", "k_per_split", "m_tiles")
+        ints = ("M", "N", "K", "stride_xm", "stride_w", "k_per_split", "m_tiles", "n_splits")
     else:
         kernel = tk._gemv_kernel
         consts = common
-        ints = ("N", "K", "k_words", "stride_w", "k_per_split")
+        ints = ("N", "K", "k_words", "stride_w", "k_per_split", "n_splits")
     sig = {"x_ptr": "*" + x, "w_ptr": "*i32" if bits == 4 else "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16",
-           "b_ptr": "*fp16", "out_ptr": "*fp32" if partial else "*" + x}
+           "b_ptr": "*fp16", "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig.update({a: "i32" for a in ints})
     sig.update({k: "constexpr" for k in consts})
     aligned = [a for a in ALIGNED + ("k_words",) if a in kernel.arg_names]
@@ -61,7 +62,68 @@ def report(compiled) -> str:
             f"shared {compiled.metadata.shared} B, {v4} v4 loads, {cp_async} 16-B cp.async, {cvt} int->float cvt")
 
 
+def _compile(kernel, sig: dict, consts: dict, warps: int = 4, stages: int = 3):
+    sig = dict(sig, **{k: "constexpr" for k in consts})
+    return triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def compile_matrix() -> int:
+    """Compile every constexpr combination the launches can ask for (the GEMV and dot kernels,
+    the dequantize and combine kernels) for sm_90; print failures; return their count."""
+    import itertools
+    import time
+
+    t0, fails = time.time(), 0
+    dtypes = {"bf16": tk.torch.bfloat16, "fp16": tk.torch.float16}
+    for bits, per_row, sym, split, bias, x, group, kind in itertools.product(
+            (4, 8), (False, True), (False, True), ("none", "combine", "fixup"), (False, True), ("bf16", "fp16"),
+            (32, 128), ("gemv", "dot")):
+        if per_row and group == 32:
+            continue
+        common = dict(BITS=bits, GROUP=group, PER_ROW=per_row, SYMMETRIC=sym, HAS_BIAS=bias,
+                      PARTIAL=split != "none", FIXUP=split == "fixup",
+                      BLOCK_N=64, BLOCK_K=128 if kind == "gemv" else min(group, 128))
+        sig = {"x_ptr": "*" + x, "w_ptr": "*i32" if bits == 4 else "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16",
+               "b_ptr": "*" + x, "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+        if kind == "gemv":
+            kernel, consts = tk._gemv_kernel, common
+            sig.update({a: "i32" for a in ("N", "K", "k_words", "stride_w", "k_per_split", "n_splits")})
+        else:
+            mode, offset = tk.code_mode(bits, dtypes[x])
+            kernel = tk._qmm_kernel
+            consts = dict(common, F32_DOT=False, CODE_MODE=mode, CODE_OFFSET=offset, BLOCK_M=16)
+            sig.update({a: "i32" for a in ("M", "N", "K", "stride_xm", "stride_w", "k_per_split", "m_tiles",
+                                           "n_splits")})
+        try:
+            _compile(kernel, sig, consts)
+        except Exception as exc:
+            fails += 1
+            print("FAIL", kind, bits, per_row, sym, split, bias, x, group, repr(exc)[-300:])
+    for bits, per_row, sym, out in itertools.product((4, 8), (False, True), (False, True), ("bf16", "fp16", "fp32")):
+        try:
+            _compile(tk._dequant_kernel, {"w_ptr": "*i32" if bits == 4 else "*u8", "s_ptr": "*fp16",
+                                          "z_ptr": "*fp16", "out_ptr": "*" + out, "N": "i32", "K": "i32",
+                                          "stride_w": "i32"},
+                     dict(BITS=bits, GROUP=128, PER_ROW=per_row, SYMMETRIC=sym, BLOCK_N=32, BLOCK_K=128))
+        except Exception as exc:
+            fails += 1
+            print("FAIL dequant", bits, per_row, sym, out, repr(exc)[-300:])
+    for bias in (False, True):
+        try:
+            _compile(tk._combine_kernel, {"ws_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16", "MN": "i32",
+                                          "N": "i32"}, dict(SPLIT=4, HAS_BIAS=bias, BLOCK=1024))
+        except Exception as exc:
+            fails += 1
+            print("FAIL combine", repr(exc)[-300:])
+    print(f"compile matrix: {fails} failures ({time.time() - t0:.0f} s)")
+    return fails
+
+
 def main() -> None:
+    import sys
+    if "--matrix" in sys.argv:
+        sys.exit(1 if compile_matrix() else 0)
     for bits in (4, 8):
         for cfg in [(1, 64, 128, False, 4, 3), (1, 128, 128, False, 4, 3), (1, 64, 256, False, 4, 3),
                     (16, 64, 128, True, 4, 3), (64, 128, 64, True, 4, 3), (128, 128, 64, True, 8, 3)]:

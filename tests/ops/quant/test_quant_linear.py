@@ -181,3 +181,23 @@ def test_dequant_gemm_variant_for_many_rows(monkeypatch):
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
     y, event = run_triton(x[:39], qw, bias)
     assert event.variant == "prefill"
+
+
+@pytest.mark.parametrize("m", [1, 4, 20])
+def test_in_kernel_split_reduction_matches_the_combine_kernel(m):
+    """FIXUP (the last split of a tile adds the partials) gives the combine kernel's bits, and
+    leaves the tile counters at zero for the next call."""
+    from opforge.ops.quant import problem
+    qw = opforge.quantize_weight(torch.randn(40, 2048, device=DEVICE), 4, 128)
+    x = torch.randn(m, 2048, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(40, device=DEVICE, dtype=torch.float16)
+    call = problem.prepare(x, qw, bias)
+    cfg = tk.tile_config(call.problem)
+    assert tk._split(tk.cdiv(m, cfg[0]) * tk.cdiv(40, cfg[1]), 2048, cfg[2], x.device, tk.PROGRAMS_PER_SM)[0] > 1
+    with opforge.runtime.alloc.poisoned_outputs():
+        a = tk.launch_config(call, cfg, fixup=False)
+        b = tk.launch_config(call, cfg, fixup=True)
+        c = tk.launch_config(call, cfg, fixup=True)
+    assert torch.equal(a, b) and torch.equal(b, c)
+    assert rel_error(b, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+    assert int(tk._counters(x.device, 1).abs().sum()) == 0

@@ -33,6 +33,7 @@ reports registers, spills and shared memory per config for sm_90 without a GPU.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,9 @@ from .problem import LinearCall, LinearProblem
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 PROGRAMS_PER_SM = 4           # split K until about this many programs per SM are in flight
 MAX_SPLIT = 32
+#: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
+#: instead of a second combine kernel. Off until measured on a GPU (gpu_check_quant.py --sweep).
+SPLIT_FIXUP = False
 
 
 @triton.jit
@@ -88,9 +92,11 @@ def _codes_as_float(codes, MODE: tl.constexpr):
 
 
 @triton.jit
-def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_w, k_per_split, m_tiles,
+def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_w,
+                k_per_split, m_tiles, n_splits,
                 BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-                HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
+                HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr,
+                CODE_MODE: tl.constexpr,
                 CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """(BLOCK_M, BLOCK_N) output tiles; per K tile (inside one group) the codes go to tl.dot."""
     pid = tl.program_id(0)
@@ -125,18 +131,35 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, 
             p = tl.dot(x, tl.trans(c))
         xs = tl.sum(x.to(tl.float32), axis=1)                        # (BLOCK_M,)
         acc += (p - xs[:, None] * (z + CODE_OFFSET)[None, :]) * s[None, :]
-    _store(acc, ms, m_mask, rows, n_mask, pid_k, M, N, b_ptr, out_ptr, HAS_BIAS, PARTIAL)
+    _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
 
 
 @triton.jit
-def _store(res, ms, m_mask, rows, n_mask, pid_k, M, N, b_ptr, out_ptr, HAS_BIAS: tl.constexpr,
-           PARTIAL: tl.constexpr):
-    """Write a (BLOCK_M, BLOCK_N) float32 result: to this split's slice of the workspace, or
-    with the bias added, cast, to the output."""
+def _store(res, ms, m_mask, rows, n_mask, pid_k, tile, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr):
+    """Write a (BLOCK_M, BLOCK_N) float32 result: with the bias added, cast, to the output; or
+    (PARTIAL) to this split's slice of the workspace. With FIXUP, the split that finishes a tile
+    last (a per-tile counter, taken with an acq_rel atomic after a barrier) adds the tile's
+    partials in split order, writes the output and resets the counter to 0 for the next call."""
     out_mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
         off = (pid_k * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-        tl.store(out_ptr + off, res, mask=out_mask)
+        tl.store(ws_ptr + off, res, mask=out_mask)
+        if FIXUP:
+            tl.debug_barrier()                                       # every thread's partial is written
+            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if done == n_splits - 1:
+                base = ms.to(tl.int64)[:, None] * N + rows[None, :]
+                total = tl.zeros_like(res)
+                part = ws_ptr + base
+                for _ in range(n_splits):
+                    total += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")  # L2: other SMs wrote them
+                    part += M * N
+                if HAS_BIAS:
+                    total += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+                tl.store(out_ptr + base, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
         if HAS_BIAS:
             res += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -145,9 +168,10 @@ def _store(res, ms, m_mask, rows, n_mask, pid_k, M, N, b_ptr, out_ptr, HAS_BIAS:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, k_words, stride_w, k_per_split,
-                 BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K, k_words, stride_w, k_per_split,
+                 n_splits, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     """One row of x (M = 1). The weight is read as int32 words (int4: 8 codes, int8: 4) in a
     (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was loaded in: code ``i`` of every
     word meets x[k0 + PACK*j + i] (a strided read of x, from L1) by FMAs into a per-word sum, so
@@ -197,7 +221,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, k_words, stri
                 acc += s[:, None] * (t - z[:, None] * xs[None, :])
     res = tl.sum(acc, axis=1)[None, :]
     ms = tl.arange(0, 1)
-    _store(res, ms, ms < 1, rows, n_mask, pid_k, 1, N, b_ptr, out_ptr, HAS_BIAS, PARTIAL)
+    _store(res, ms, ms < 1, rows, n_mask, pid_k, pid_n, 1, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
 
 
 @triton.jit
@@ -293,12 +318,26 @@ def _split(tiles: int, k: int, block_k: int, device: torch.device, programs_per_
     return cdiv(k, k_per_split), k_per_split
 
 
+_counter_buffers: dict = {}
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Per-tile arrival counters for the FIXUP split reduction: zeroed once, and left at zero by
+    every launch (the last split of a tile resets its counter). One buffer per device: launches
+    that split K must not run concurrently on two streams of one device with FIXUP on."""
+    buf = _counter_buffers.get(device)
+    if buf is None or buf.numel() < tiles:
+        buf = _counter_buffers[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    return buf
+
+
 def launch(call: LinearCall) -> torch.Tensor:
     """Run the kernel for ``call`` (either variant: the tile config tells them apart)."""
     return launch_config(call, tile_config(call.problem))
 
 
-def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM) -> torch.Tensor:
+def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM,
+                  fixup: Optional[bool] = None) -> torch.Tensor:
     """Run ``call`` with an explicit ``tile_config``-style tuple (the benchmark's sweep uses this).
     BLOCK_M 1 without dot is the GEMV kernel (M must be 1); the dot path needs BLOCK_K <= group."""
     p = call.problem
@@ -319,20 +358,24 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
-    target = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
+    fixup = SPLIT_FIXUP if fixup is None else fixup
+    ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
+    counters = _counters(x.device, tiles) if split > 1 and fixup else ws
     if use_dot:
         mode, offset = code_mode(w.bits, x.dtype)
-        _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, target, p.m, p.n, p.k, x.stride(0),
-                              w.packed.stride(0), k_per_split, m_tiles, w.bits, w.group, per_row, w.symmetric,
-                              has_bias, split > 1, triton_interpreting(), mode, offset, block_m, block_n, block_k),
+        _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, x.stride(0),
+                              w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
+                              w.symmetric, has_bias, split > 1, fixup, triton_interpreting(), mode, offset,
+                              block_m, block_n, block_k),
              num_warps=warps, num_stages=stages)
     else:
         pack = 32 // w.bits
-        _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, target, p.n, p.k, p.k // pack, p.k // pack,
-                                 k_per_split, w.bits, w.group, per_row, w.symmetric, has_bias, split > 1,
-                                 block_n, block_k),
+        _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.n, p.k, p.k // pack,
+                                 p.k // pack, k_per_split, split, w.bits, w.group, per_row, w.symmetric, has_bias,
+                                 split > 1, fixup, block_n, block_k),
               num_warps=warps, num_stages=stages)
-    if split > 1:
+    if split > 1 and not fixup:
+        target = ws
         mn = p.m * p.n
         _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, has_bias, 1024), num_warps=4)
     return out.view(call.out_shape)
