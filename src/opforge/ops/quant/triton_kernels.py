@@ -277,7 +277,8 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
 
     M = 1 (the GEMV kernel, no dot): 8 KB of packed words per program step; int4 128 features x
     128 codes (the g128 group: one scale per row and step), int8 64 x 128. M 2..16: 16 padded
-    rows, tl.dot, BLOCK_K the group (at most 128). Prefill: 64- or 128-row tiles by M, 128
+    rows, tl.dot, BLOCK_K the group (at most 128). M 17..64: 32- or 64-row tiles of 64 features
+    (weight-bound still: many programs from N alone). More rows: 64- or 128-row tiles, 128
     features unless N is small, BLOCK_K = min(group, 64).
     """
     g = p.k if p.group >= p.k else p.group
@@ -285,7 +286,9 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
         return 1, 128 if p.bits == 4 else 64, 128, False, 4, 3
     if p.m <= 16:
         return 16, 64, min(_pow2_le(g), 128), True, 4, 3
-    block_m = 64 if p.m <= 64 else 128
+    if p.m <= 64:   # still weight-bound: narrow tiles, so N alone gives many programs
+        return 32 if p.m <= 32 else 64, 64, min(_pow2_le(g), 64), True, 4, 3
+    block_m = 64 if p.m < 256 else 128
     block_n = 128 if p.n >= 128 else 64
     return block_m, block_n, min(_pow2_le(g), 64), True, 8 if block_m == 128 else 4, 3
 
@@ -308,12 +311,13 @@ def _pow2_le(v: int) -> int:
     return 1 << (v.bit_length() - 1)
 
 
-def _split(tiles: int, k: int, block_k: int, device: torch.device, programs_per_sm: int) -> tuple[int, int]:
+def _split(tiles: int, k: int, block_k: int, device: torch.device, programs_per_sm: int,
+           max_split: int = MAX_SPLIT) -> tuple[int, int]:
     """(splits, K per split): split K while the tiles alone give fewer than ``programs_per_sm``
-    programs per SM, each split a whole number of K tiles."""
+    programs per SM, each split a whole number of K tiles, at most ``max_split``."""
     k_steps = cdiv(k, block_k)
     want = programs_per_sm * _sm_count(device.index if device.type == "cuda" else None)
-    split = max(1, min(MAX_SPLIT, k_steps, want // tiles)) if tiles < want else 1
+    split = max(1, min(max_split, k_steps, want // tiles)) if tiles < want else 1
     k_per_split = cdiv(k_steps, split) * block_k
     return cdiv(k, k_per_split), k_per_split
 
@@ -353,7 +357,9 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         raise ValueError(f"the GEMV kernel needs BLOCK_K ({block_k}) and the group ({w.group}) to divide one another")
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
-    split, k_per_split = _split(tiles, p.k, block_k, x.device, programs_per_sm)
+    # partials cost 8 bytes per split and output element (written, read back): at most half the weight's bytes
+    byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
+    split, k_per_split = _split(tiles, p.k, block_k, x.device, programs_per_sm, min(MAX_SPLIT, byte_cap))
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
