@@ -201,3 +201,9 @@ def test_in_kernel_split_reduction_matches_the_combine_kernel(m):
     assert torch.equal(a, b) and torch.equal(b, c)
     assert rel_error(b, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
     assert int(tk._counters(x.device, 1).abs().sum()) == 0
+
+
+def test_empty_x_gives_an_empty_result():
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+    y = opforge.linear(torch.randn(0, 3, K, device=DEVICE, dtype=torch.float16), qw)
+    assert y.shape == (0, 3, N) and y.dtype == torch.float16
