@@ -7,8 +7,9 @@ Run on the GPU machine (well under 120 s on an H100):
     PYTHONPATH=src python3 benchmarks/gpu_check_quant.py --sweep         # tile configs, for tuning
     PYTHONPATH=src python3 benchmarks/gpu_check_quant.py --cpu-smoke     # tiny shapes, interpreter
 
-1. Correctness: every variant (decode M <= 16, prefill M > 16) for int4/int8, group 32/128/-1,
-   symmetric and asymmetric, outputs NaN-poisoned first, against
+1. Correctness (at most ~45 s: first compiles): the timed formats at every variant's M, the other
+   formats (int4/int8, group 32/128/-1, symmetric or not) at M = 1 and 17, the in-kernel split
+   reduction against the combine kernel; outputs NaN-poisoned first, against
    ``x.double() @ w.dequantize(float64).T`` (‖out−ref‖/‖ref‖ within bf16 tolerance). The format's
    own quantization error against the dense weight is reported, not judged. torch's tinygemm is
    fed the same int4 codes and checked against the same oracle (reported).
@@ -121,31 +122,64 @@ def int8pack(w: torch.Tensor):
 
 # -- 1. correctness --------------------------------------------------------------------------------------
 
+CORRECTNESS_BUDGET = 45.0   # seconds: each new constexpr combination compiles (~1 s); timing comes next
+
+
 def correctness(device: str, smoke: bool, results: dict) -> None:
+    """The timed formats at every variant's M; the other formats at M = 1 and 17 (both kernels)."""
     n, k = (64, 256) if smoke else (1536, 2048)
-    ms = (1, 3, 17) if smoke else (1, 3, 16, 17, 64, 300)
+    full = (1, 3, 17) if smoke else (1, 3, 16, 17, 64, 300)
     w = torch.randn(n, k, device=device) * 0.02
-    for bits in (4, 8):
-        for g in (32, 128, -1):
-            for sym in (False, True):
-                qw = opforge.quantize_weight(w, bits, g, sym)
-                qerr = rel_error(qw.dequantize(), w)
-                for m in ms:
-                    label = f"int{bits} g{g} {'sym' if sym else 'asym'} {n}x{k} M={m}"
-                    try:
-                        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-                        with alloc.poisoned_outputs(), opforge.strict(), opforge.backend("triton"), \
-                                opforge.trace() as t:
-                            y = opforge.linear(x, qw)
-                        err = rel_error(y, oracle(x, qw))
-                        ok = err <= TOLERANCE[torch.bfloat16]
-                        results["correctness"].append(dict(case=label, variant=t[0].variant, err=err, ok=ok,
-                                                           quant_err=qerr))
-                        print(f"{'PASS' if ok else 'FAIL'} {label:34s} {t[0].variant:8s} err {err:.2e}  "
-                              f"(format vs dense weight: {qerr:.4f})", flush=True)
-                    except Exception as exc:
-                        results["correctness"].append(dict(case=label, ok=False, error=repr(exc)[:300]))
-                        print(f"FAIL {label}: {type(exc).__name__}: {exc}", flush=True)
+    plan = [(4, 128, False, full), (8, -1, True, full[:3] + full[4:5]), (8, 128, False, (1, 16)),
+            (4, 32, False, (1, 17)), (4, -1, True, (1, 17)), (4, 128, True, (1, 17)), (8, 32, True, (1, 17)),
+            (8, -1, False, (1, 17))]
+    for bits, g, sym, ms in plan:
+        fmt = f"int{bits} g{g} {'sym' if sym else 'asym'}"
+        if elapsed() > CORRECTNESS_BUDGET:
+            results["skipped"].append(f"correctness {fmt}")
+            print(f"-- correctness budget spent: skipping {fmt}", flush=True)
+            continue
+        qw = opforge.quantize_weight(w, bits, g, sym)
+        qerr = rel_error(qw.dequantize(), w)
+        if bits == 4 and g == 128 and not sym:
+            check_fixup(device, qw, results)
+        for m in ms:
+            label = f"{fmt} {n}x{k} M={m}"
+            try:
+                x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+                with alloc.poisoned_outputs(), opforge.strict(), opforge.backend("triton"), opforge.trace() as t:
+                    y = opforge.linear(x, qw)
+                err = rel_error(y, oracle(x, qw))
+                ok = err <= TOLERANCE[torch.bfloat16]
+                results["correctness"].append(dict(case=label, variant=t[0].variant, err=err, ok=ok, quant_err=qerr))
+                print(f"{'PASS' if ok else 'FAIL'} {label:34s} {t[0].variant:8s} err {err:.2e}  "
+                      f"(format vs dense weight: {qerr:.4f})", flush=True)
+            except Exception as exc:
+                results["correctness"].append(dict(case=label, ok=False, error=repr(exc)[:300]))
+                print(f"FAIL {label}: {type(exc).__name__}: {exc}", flush=True)
+
+
+def check_fixup(device: str, qw: opforge.QuantizedWeight, results: dict) -> None:
+    """The in-kernel split reduction (SPLIT_FIXUP) against the oracle and the combine kernel, 20 calls."""
+    from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
+    for m in (1, 8, 40):
+        label = f"int4 g128 M={m} split reduction in the kernel (FIXUP)"
+        try:
+            x = torch.randn(m, qw.shape[1], device=device, dtype=torch.bfloat16)
+            call = qproblem.prepare(x, qw, None)
+            cfg = qtk.tile_config(call.problem)
+            with alloc.poisoned_outputs():
+                ref = qtk.launch_config(call, cfg, 8, fixup=False)
+                outs = [qtk.launch_config(call, cfg, 8, fixup=True) for _ in range(20)]
+            same = all(torch.equal(o, ref) for o in outs)
+            err = max(rel_error(o, oracle(x, qw)) for o in outs)
+            ok = same and err <= TOLERANCE[torch.bfloat16]
+            results["correctness"].append(dict(case=label, err=err, ok=ok, same_as_combine=same))
+            print(f"{'PASS' if ok else 'FAIL'} {label}: err {err:.2e}, bitwise equal to the combine kernel: {same}",
+                  flush=True)
+        except Exception as exc:
+            results["correctness"].append(dict(case=label, ok=False, error=repr(exc)[:300]))
+            print(f"FAIL {label}: {type(exc).__name__}: {exc}", flush=True)
 
 
 # -- 2. timing ------------------------------------------------------------------------------------------
@@ -187,14 +221,24 @@ def time_shape(bench: Bench, n: int, k: int, ms: list, copy_gbs: float, results:
                           n * k // 2 + (k // 128) * n * 4 + io_bytes, None))
         if "torch int8pack" in peers:
             impls.append(("torch int8pack", lambda: peers["torch int8pack"](x), n * k + n * 2 + io_bytes, None))
-        if m >= 4096:
+        if m >= 1024:
+            from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
+            call = qproblem.prepare(x, q4, None)
+            gemm_cfg = qtk.tile_config(call.problem)
+            impls.append(("opforge int4 triton-gemm", lambda: qtk.launch_config(call, gemm_cfg),
+                          q4.nbytes + io_bytes, None))
             impls.append(("dequant+cuBLAS (torch)", lambda: F.linear(x, q4.dequantize(torch.bfloat16)),
                           q4.nbytes + n * k * 2 * 2 + io_bytes, None))
         base = None
         for name, fn, nbytes, qw in impls:
             row: dict[str, Any] = dict(shape=[n, k], m=m, impl=name)
             try:
-                if qw is not None and m <= 64:
+                small = m <= 64 or n * k <= 4096 * 4096      # where the float64 oracle is cheap
+                if name == "opforge int4 triton-gemm" and small:
+                    with alloc.poisoned_outputs():
+                        row["err"] = rel_error(fn(), oracle(x, q4))
+                    row["ok"] = row["err"] <= TOLERANCE[torch.bfloat16]
+                elif qw is not None and small:
                     with alloc.poisoned_outputs(), opforge.trace() as t:
                         y = fn()
                     row["variant"] = t[0].variant
@@ -223,13 +267,13 @@ def time_shape(bench: Bench, n: int, k: int, ms: list, copy_gbs: float, results:
 
 
 SWEEP = {
-    1: [(1, 32, 256, False, 4, 3), (1, 64, 256, False, 4, 3), (1, 64, 128, False, 4, 3), (1, 128, 128, False, 4, 3),
-        (1, 32, 512, False, 4, 3), (1, 16, 512, False, 2, 3), (1, 64, 512, False, 8, 3), (1, 128, 256, False, 8, 3),
-        (16, 64, 128, True, 4, 3), (16, 128, 128, True, 4, 4)],
+    1: [(1, 128, 128, False, 4, 3), (1, 64, 128, False, 4, 3), (1, 256, 128, False, 8, 3), (1, 128, 128, False, 8, 3),
+        (1, 64, 128, False, 2, 3), (1, 64, 256, False, 4, 3), (1, 128, 256, False, 8, 3), (1, 32, 512, False, 4, 3),
+        (16, 64, 128, True, 4, 3)],
     16: [(16, 32, 128, True, 4, 3), (16, 64, 128, True, 4, 3), (16, 128, 128, True, 4, 3), (16, 64, 128, True, 4, 4),
          (16, 128, 128, True, 8, 3), (16, 256, 128, True, 8, 3), (16, 64, 64, True, 4, 4)],
-    64: [(64, 128, 64, True, 4, 3), (64, 128, 128, True, 4, 3), (32, 128, 128, True, 4, 3), (64, 64, 128, True, 4, 3),
-         (64, 256, 64, True, 8, 3), (16, 128, 128, True, 4, 3)],
+    64: [(64, 64, 64, True, 4, 3), (64, 64, 128, True, 4, 3), (64, 128, 64, True, 4, 3), (64, 32, 128, True, 4, 3),
+         (32, 64, 128, True, 4, 3), (64, 128, 128, True, 8, 3), (16, 128, 128, True, 4, 3)],
     4096: [(128, 128, 64, True, 8, 3), (128, 256, 64, True, 8, 3), (128, 128, 128, True, 8, 3),
            (64, 128, 128, True, 4, 4), (128, 128, 64, True, 4, 4), (64, 256, 64, True, 8, 4)],
 }
@@ -254,14 +298,16 @@ def sweep(bench: Bench, results: dict) -> None:
             default = qtk.tile_config(call.problem)
             ref = oracle(x, q4) if m <= 64 else None
             for cfg in configs:
-                for pps in ((2, 4, 8) if m <= 16 else (4,)):
+                for pps, fixup in ([(2, False), (4, False), (8, False), (4, True), (8, True)] if m <= 16
+                                   else [(4, False)]):
                     if bench.left() < 5:
                         results["skipped"].append(f"sweep {n}x{k} M={m} {cfg}")
                         continue
                     row: dict[str, Any] = dict(shape=[n, k], m=m, config=list(cfg), programs_per_sm=pps,
-                                               default=(cfg == default and pps == qtk.PROGRAMS_PER_SM))
+                                               fixup=fixup, default=(cfg == default and pps == qtk.PROGRAMS_PER_SM
+                                                                     and fixup == qtk.SPLIT_FIXUP))
                     try:
-                        fn = (lambda: qtk.launch_config(call, cfg, pps))
+                        fn = (lambda: qtk.launch_config(call, cfg, pps, fixup))
                         y = fn()
                         if ref is not None:
                             row["err"] = rel_error(y, ref)
@@ -271,7 +317,7 @@ def sweep(bench: Bench, results: dict) -> None:
                     except Exception as exc:
                         row["error"] = f"{type(exc).__name__}: {exc}"[:200]
                     results["sweep"].append(row)
-                    print(f"sweep {n}x{k} M={m:<5d} {str(cfg):34s} pps={pps} " +
+                    print(f"sweep {n}x{k} M={m:<5d} {str(cfg):34s} pps={pps}{' fixup' if fixup else '      '} " +
                           (f"{row['ms'] * 1e3:8.1f} us {row['pct_copy']:5.1f}%{' err %.1e' % row['err'] if 'err' in row else ''}"
                            f"{'  <- default' if row['default'] else ''}" if "ms" in row else row["error"]), flush=True)
         print(f"sweep {n}x{k}: bf16 cuBLAS M=1 {base * 1e3:.1f} us", flush=True)
@@ -341,7 +387,7 @@ def main() -> int:
         traceback.print_exc()
     print(f"== timing ({elapsed():.0f} s so far)", flush=True)
     shapes = [(64, 256), (96, 512)] if args.cpu_smoke else SHAPES
-    ms = [1, 16, 17] if args.cpu_smoke else MS
+    ms = [1, 16, 17, 1024] if args.cpu_smoke else MS
     for n, k in shapes:
         try:
             time_shape(bench, n, k, ms, copy_gbs, results)

@@ -13,8 +13,10 @@ class QuantLinear(torch.nn.Module):
     """``y = x @ W.T + b`` with W stored as a ``QuantizedWeight``, running ``opforge.linear``.
 
     The packed codes, scales and zeros are buffers (``qweight``, ``scales_t``, ``zeros_t``), so
-    ``.to(device)`` and ``state_dict`` work as for any module. Build one with ``from_linear``.
-    The bias, if any, is kept in the linear's dtype and cast to x's dtype in ``forward``.
+    ``.to(device)`` and ``state_dict`` work as for any module. Scales and zeros are kept as their
+    raw bits (an integer view), so ``model.half()`` or ``model.to(torch.bfloat16)`` cannot round
+    them and change the quantized weight; the bias, if any, follows such casts and is cast to x's
+    dtype in ``forward``. Build one with ``from_linear``.
 
     Example:
         >>> import torch, opforge
@@ -29,9 +31,10 @@ class QuantLinear(torch.nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bits, self.group_size = weight.bits, weight.group_size
+        self.scale_dtype = weight.scales_t.dtype
         self.register_buffer("qweight", weight.packed)
-        self.register_buffer("scales_t", weight.scales_t)
-        self.register_buffer("zeros_t", weight.zeros_t)
+        self.register_buffer("scales_t", _as_bits(weight.scales_t))
+        self.register_buffer("zeros_t", None if weight.zeros_t is None else _as_bits(weight.zeros_t))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     @classmethod
@@ -46,8 +49,9 @@ class QuantLinear(torch.nn.Module):
     @property
     def weight(self) -> QuantizedWeight:
         """The QuantizedWeight over this module's current buffers (no copy)."""
-        return QuantizedWeight(self.qweight, self.scales_t, self.zeros_t, self.bits, self.group_size,
-                               (self.out_features, self.in_features))
+        zeros = None if self.zeros_t is None else self.zeros_t.view(self.scale_dtype)
+        return QuantizedWeight(self.qweight, self.scales_t.view(self.scale_dtype), zeros, self.bits,
+                               self.group_size, (self.out_features, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias
@@ -58,6 +62,11 @@ class QuantLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
                 f"group_size={self.group_size}, bias={self.bias is not None}")
+
+
+def _as_bits(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's bits as an integer tensor of the same size (no copy)."""
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 @dataclass(frozen=True)

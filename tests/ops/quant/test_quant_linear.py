@@ -58,8 +58,8 @@ def test_float32_scales_from_codes_and_fractional_zeros(m, bits):
 @pytest.mark.parametrize("m", [1, 4, 20])
 def test_split_k_and_ragged_edges(m):
     """K long enough to be split across programs; N not a multiple of the tile; per-row groups
-    with K not a multiple of the K tile (int8, K=200)."""
-    for n, k, bits, g in [(40, 2048, 4, 128), (24, 200, 8, -1), (72, 1024, 4, 32)]:
+    with K not a multiple of the K tile (int8, K=200), int8 K=50 (not whole words: the dot path at M=1)."""
+    for n, k, bits, g in [(40, 2048, 4, 128), (24, 200, 8, -1), (72, 1024, 4, 32), (24, 50, 8, -1), (8, 384, 8, 64)]:
         qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, g)
         x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)
         bias = torch.randn(n, device=DEVICE, dtype=torch.float16)
@@ -118,7 +118,7 @@ def test_explain_names_the_variant():
     qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
     with opforge.backend("triton"):
         text = str(opforge.explain("linear", torch.randn(40, K, device=DEVICE, dtype=torch.float16), qw))
-    assert "chosen: triton.prefill" in text and "not triton.decode" in text
+    assert "chosen: triton.prefill" in text and "not triton.decode" in text and "not triton.dequant_gemm" in text
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -157,3 +157,53 @@ def test_verify_cases(backend):
     assert len(chosen) >= 10
     variants = {check_case(case, backend)[0].variant for case in chosen}
     assert variants == ({"decode", "prefill"} if backend == "triton" else {"reference"})
+
+
+@pytest.mark.parametrize("bits, group_size, symmetric", [(4, 128, False), (8, 32, True), (4, -1, True)])
+def test_triton_dequantize_is_exact(bits, group_size, symmetric):
+    qw = opforge.quantize_weight(torch.randn(40, 256, device=DEVICE), bits, group_size, symmetric)
+    assert torch.equal(tk.dequantize(qw, torch.float32), qw.dequantize())
+    half = tk.dequantize(qw, torch.bfloat16)
+    if DEVICE == "cuda":
+        assert torch.equal(half, qw.dequantize(torch.bfloat16))
+    else:   # the interpreter truncates to bf16 instead of rounding: within one bf16 step
+        assert torch.allclose(half.float(), qw.dequantize(), rtol=2 ** -7, atol=0)
+
+
+def test_dequant_gemm_variant_for_many_rows(monkeypatch):
+    from opforge.ops.quant import problem
+    monkeypatch.setattr(problem, "DEQUANT_GEMM_MIN_M", 40)
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+    x = torch.randn(45, K, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+    y, event = run_triton(x, qw, bias)
+    assert event.variant == "dequant_gemm"
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+    y, event = run_triton(x[:39], qw, bias)
+    assert event.variant == "prefill"
+
+
+@pytest.mark.parametrize("m", [1, 4, 20])
+def test_in_kernel_split_reduction_matches_the_combine_kernel(m):
+    """FIXUP (the last split of a tile adds the partials) gives the combine kernel's bits, and
+    leaves the tile counters at zero for the next call."""
+    from opforge.ops.quant import problem
+    qw = opforge.quantize_weight(torch.randn(40, 2048, device=DEVICE), 4, 128)
+    x = torch.randn(m, 2048, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(40, device=DEVICE, dtype=torch.float16)
+    call = problem.prepare(x, qw, bias)
+    cfg = tk.tile_config(call.problem)
+    assert tk._split(tk.cdiv(m, cfg[0]) * tk.cdiv(40, cfg[1]), 2048, cfg[2], x.device, tk.PROGRAMS_PER_SM)[0] > 1
+    with opforge.runtime.alloc.poisoned_outputs():
+        a = tk.launch_config(call, cfg, fixup=False)
+        b = tk.launch_config(call, cfg, fixup=True)
+        c = tk.launch_config(call, cfg, fixup=True)
+    assert torch.equal(a, b) and torch.equal(b, c)
+    assert rel_error(b, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+    assert int(tk._counters(x.device, 1).abs().sum()) == 0
+
+
+def test_empty_x_gives_an_empty_result():
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+    y = opforge.linear(torch.randn(0, 3, K, device=DEVICE, dtype=torch.float16), qw)
+    assert y.shape == (0, 3, N) and y.dtype == torch.float16

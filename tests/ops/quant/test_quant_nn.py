@@ -74,3 +74,15 @@ def test_quantize_model_skip_by_full_name():
     model = Tiny()
     done = quantize_model(model, bits=4, group_size=64, skip=("block.up",))
     assert [r.name for r in done] == ["block.down", "lm_head"]
+
+
+def test_module_dtype_casts_leave_the_quantized_weight_alone():
+    model = torch.nn.Sequential(torch.nn.Linear(128, 32))
+    quantize_model(model, bits=4, group_size=32)
+    before = model[0].weight.dequantize()
+    model.to(torch.bfloat16)
+    assert torch.equal(model[0].weight.dequantize(), before) and model[0].weight.scales.dtype == torch.float16
+    assert model[0].bias.dtype == torch.bfloat16
+    x = torch.randn(2, 128, dtype=torch.bfloat16)
+    ref = x.double() @ before.double().T + model[0].bias.double()
+    assert rel_error(model(x), ref) < TOLERANCE[torch.bfloat16]

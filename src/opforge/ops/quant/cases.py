@@ -46,7 +46,7 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
     if device_type == "cpu":   # the interpreter: tiny shapes
         n, k, ms = 64, 256, (1, 5, 33)
     else:
-        n, k, ms = 4096, 4096, (1, 5, 16, 64, 1000)
+        n, k, ms = 4096, 4096, (1, 5, 16, 64, 1000, 2048)
     if quick:
         ms = ms[::2]
     cases = []

@@ -12,6 +12,11 @@ from .weight import QuantizedWeight
 OPS = ("linear",)
 #: Up to this many rows of x, the decode variant runs (all rows share each weight load).
 DECODE_MAX_M = 16
+#: From this many rows on, the weight is dequantized to x's dtype and cuBLAS multiplies (the
+#: ``dequant_gemm`` variant): the dequantization costs one pass over N*K, small next to an
+#: M*N*K GEMM this large. A prediction until measured (benchmarks/gpu_check_quant.py times both);
+#: None turns it off.
+DEQUANT_GEMM_MIN_M: "Optional[int]" = 1024
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,12 @@ class LinearProblem:
         return self.m <= DECODE_MAX_M
 
     @property
+    def large(self) -> bool:
+        return DEQUANT_GEMM_MIN_M is not None and self.m >= DEQUANT_GEMM_MIN_M
+
+    @property
     def key(self) -> tuple:
-        return (self.dtype, self.decode, self.bits, self.dense)
+        return (self.dtype, self.decode, self.large, self.bits, self.dense, self.k < 16)
 
     def describe(self) -> str:
         w = "dense" if self.dense else f"int{self.bits} g{self.group}{' sym' if self.symmetric else ''}"

@@ -1,58 +1,74 @@
 """Triton kernels for ``linear`` with a quantized weight (int4 or int8, any group, symmetric or not).
 
-One kernel, two variants chosen by the number of rows M of x:
+Two kernels behind two variants, chosen by the number of rows M of x:
 
-* ``decode`` (M <= 16): GEMV-style. A program owns BLOCK_N output features and a range of K;
-  it streams that part of the packed weight once (int4: int32 words of 8 codes, 16-byte vector
-  loads; int8: bytes) and unpacks it in registers. For M = 1 the codes meet x with float32 FMAs
-  and a reduction along K; for 2..16 rows x is padded to 16 rows and the codes go to ``tl.dot``,
-  so every row shares each weight load. When N alone gives too few programs to fill the GPU, K
-  is split: each split writes float32 partials to a workspace (split, M, N) and a tiny second
-  kernel adds them in a fixed order, the bias, and casts (deterministic; no atomics, no memset).
-* ``prefill`` (M > 16): the same loop on (BLOCK_M, BLOCK_N) output tiles, the codes of each K
-  tile fed to ``tl.dot`` (tensor cores) against x; tiles chosen by M, N, K and the group. The
-  programs that share an N tile run next to each other, so the weight tile is read from DRAM
-  about once. Split K applies here too when the tiles are too few.
+* ``decode`` (M <= 16). M = 1: ``_gemv_kernel``. A program owns BLOCK_N output features and a
+  range of K; it streams that part of the packed weight once as int32 words (int4: 8 codes,
+  int8: 4), in a (BLOCK_N, words) tile that never leaves the layout it was loaded in: code ``i``
+  of every word is extracted with a shift and a mask, turned into a float without an
+  int-to-float conversion (OR-ed into the mantissa of 2**23), and meets x[k0 + PACK*j + i] (a
+  strided read of x, from L1) by FMAs into per-word sums; scale and zero are applied per word
+  column, and the only cross-thread reduction is the one at the end. M = 2..16: ``_qmm_kernel``
+  with 16 padded rows: every row shares each weight load.
+* ``prefill`` (M > 16): ``_qmm_kernel`` on (BLOCK_M, BLOCK_N) tiles; per K tile (inside one
+  group) the codes, as 16-bit floats, go to ``tl.dot`` (tensor cores) against x. Tiles by M, N,
+  K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
+  read from DRAM about once.
 
-Exactness: a K tile never straddles a group (BLOCK_K divides the group, or for the FMA path
-the tile is viewed as (BLOCK_K / SUB, SUB) sub-groups). Per group the kernel accumulates
-``scale * (sum_k x*code - zero * sum_k x)``: the codes (< 256) are exact in float16/bfloat16,
-products are exact and sums float32, so the result is the QuantizedWeight's up to float32
-accumulation, with no 16-bit rounding of a dequantized weight. Under the interpreter (whose
-bf16 ``tl.dot`` is wrong) the dot operands are cast to float32.
+* ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``): ``_dequant_kernel`` writes the weight
+  in x's dtype (one pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the
+  dequantized weight to 16 bits; at these M the GEMM dwarfs the extra pass.
+
+The GEMV and dot kernels split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
+split writes float32 partials to a workspace (split, M, N) and a tiny second kernel adds them in
+split order, adds the bias and casts (deterministic; no atomics, no memset).
+
+Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``. Codes are
+exact in float32 and in 16-bit floats (the dot path keeps an offset on them, 128 or 1024, folded
+into the zero), products are exact and sums float32: the result is the QuantizedWeight's up to
+float32 accumulation; no dequantized weight is rounded to 16 bits. Under the interpreter (whose
+bf16 ``tl.dot`` is wrong) the dot operands are cast to float32. ``benchmarks/quant_ptx.py``
+reports registers, spills and shared memory per config for sm_90 without a GPU.
 """
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.launch import TritonLauncher, cdiv
+from . import problem as qproblem
 from .problem import LinearCall, LinearProblem
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 PROGRAMS_PER_SM = 4           # split K until about this many programs per SM are in flight
 MAX_SPLIT = 32
+#: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
+#: instead of a second combine kernel. Off until measured on a GPU (gpu_check_quant.py --sweep).
+SPLIT_FIXUP = False
 
 
 @triton.jit
-def _load_codes(w_ptr, rows, n_mask, k0, K, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
     """The (BLOCK_N, BLOCK_K) int32 codes of rows ``rows`` at columns ``k0 ..`` (0 where masked)."""
     if BITS == 4:
         words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        w_off = rows.to(tl.int64)[:, None] * (K // 8) + words[None, :]
+        w_off = rows.to(tl.int64)[:, None] * stride_w + words[None, :]
         packed = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (words < K // 8)[None, :], other=0)
         shifts = tl.arange(0, 8) * 4
-        codes = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
-        return tl.reshape(codes, (BLOCK_N, BLOCK_K))
+        codes = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        w_off = rows.to(tl.int64)[:, None] * K + ks[None, :]
-        return tl.load(w_ptr + w_off, mask=n_mask[:, None] & (ks < K)[None, :], other=0).to(tl.int32)
+        w_off = rows.to(tl.int64)[:, None] * stride_w + ks[None, :]
+        codes = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (ks < K)[None, :], other=0).to(tl.int32)
+    return codes
 
 
 @triton.jit
@@ -65,22 +81,24 @@ def _codes_as_float(codes, MODE: tl.constexpr):
     MODE 2 (codes < 1024): float16 ``1024 + code``. MODE 3: float32 code rounded to bfloat16
     (exact for codes < 256). Modes 1 and 2 keep the offset: the caller adds it to the zero."""
     if MODE == 1:
-        return (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        out = (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
     elif MODE == 2:
-        return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        out = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    elif MODE == 3:
+        out = ((codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(tl.bfloat16)
     else:
-        f = (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        if MODE == 3:
-            return f.to(tl.bfloat16)
-        return f
+        out = (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return out   # one return: compiled Triton wants one return type per function
 
 
 @triton.jit
-def _qlinear_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_xm, k_per_split, m_tiles,
-                    BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, USE_DOT: tl.constexpr, F32_DOT: tl.constexpr,
-                    CODE_MODE: tl.constexpr, CODE_OFFSET: tl.constexpr,
-                    SUB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_w,
+                k_per_split, m_tiles, n_splits,
+                BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+                HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr,
+                CODE_MODE: tl.constexpr,
+                CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) output tiles; per K tile (inside one group) the codes go to tl.dot."""
     pid = tl.program_id(0)
     pid_m = pid % m_tiles
     pid_n = pid // m_tiles
@@ -91,58 +109,120 @@ def _qlinear_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, stride_
     m_mask = ms < M
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
-    NSUB: tl.constexpr = BLOCK_K // SUB
     zero_const: tl.constexpr = 2 ** (BITS - 1)
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        codes = _load_codes(w_ptr, rows, n_mask, k0, K, BITS, BLOCK_N, BLOCK_K)
+        codes = _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS, BLOCK_N, BLOCK_K)
         x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        if PER_ROW:
-            g = tl.zeros((NSUB,), dtype=tl.int32)
-        else:
-            g = (k0 + tl.arange(0, NSUB) * SUB) // GROUP
-        sg_off = g[None, :] * N + rows[:, None]                     # (BLOCK_N, NSUB), scales_t is (groups, N)
-        s = tl.load(s_ptr + sg_off, mask=n_mask[:, None], other=0.0).to(tl.float32)
+        g = 0 if PER_ROW else k0 // GROUP
+        s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)     # scales_t is (groups, N)
         if SYMMETRIC:
-            z = tl.full((BLOCK_N, NSUB), zero_const, tl.float32)
+            z = tl.full((BLOCK_N,), zero_const, tl.float32)
         else:
-            z = tl.load(z_ptr + sg_off, mask=n_mask[:, None], other=0.0).to(tl.float32)
-        if USE_DOT:
-            # NSUB == 1: the whole K tile is one group
-            c = _codes_as_float(codes, CODE_MODE)                     # code + CODE_OFFSET
-            if F32_DOT:
-                p = tl.dot(x.to(tl.float32), tl.trans(c.to(tl.float32)))
-            else:
-                p = tl.dot(x, tl.trans(c))
-            xs = tl.sum(x.to(tl.float32), axis=1)                    # (BLOCK_M,)
-            s1 = tl.reshape(s, (BLOCK_N,))
-            z1 = tl.reshape(z, (BLOCK_N,)) + CODE_OFFSET
-            acc += (p - xs[:, None] * z1[None, :]) * s1[None, :]
+            z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        # the whole K tile is one group (BLOCK_K divides it)
+        c = _codes_as_float(codes, CODE_MODE)                         # code + CODE_OFFSET
+        if F32_DOT:
+            p = tl.dot(x.to(tl.float32), tl.trans(c.to(tl.float32)))
         else:
-            c = tl.reshape(_codes_as_float(codes, 0), (BLOCK_N, NSUB, SUB))
-            xv = tl.reshape(x.to(tl.float32), (NSUB, SUB))           # BLOCK_M == 1
-            p = tl.sum(c * xv[None, :, :], axis=2)                    # (BLOCK_N, NSUB)
-            xs = tl.sum(xv, axis=1)                                   # (NSUB,)
-            acc += tl.sum((p - z * xs[None, :]) * s, axis=1)
-    if USE_DOT:
-        res = acc
-    else:
-        res = acc[None, :]
+            p = tl.dot(x, tl.trans(c))
+        xs = tl.sum(x.to(tl.float32), axis=1)                        # (BLOCK_M,)
+        acc += (p - xs[:, None] * (z + CODE_OFFSET)[None, :]) * s[None, :]
+    _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
+
+
+@triton.jit
+def _store(res, ms, m_mask, rows, n_mask, pid_k, tile, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr):
+    """Write a (BLOCK_M, BLOCK_N) float32 result: with the bias added, cast, to the output; or
+    (PARTIAL) to this split's slice of the workspace. With FIXUP, the split that finishes a tile
+    last (a per-tile counter, taken with an acq_rel atomic after a barrier) adds the tile's
+    partials in split order, writes the output and resets the counter to 0 for the next call."""
     out_mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
         off = (pid_k * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-        tl.store(out_ptr + off, res, mask=out_mask)
+        tl.store(ws_ptr + off, res, mask=out_mask)
+        if FIXUP:
+            tl.debug_barrier()                                       # every thread's partial is written
+            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if done == n_splits - 1:
+                base = ms.to(tl.int64)[:, None] * N + rows[None, :]
+                total = tl.zeros_like(res)
+                part = ws_ptr + base
+                for _ in range(n_splits):
+                    total += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")  # L2: other SMs wrote them
+                    part += M * N
+                if HAS_BIAS:
+                    total += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+                tl.store(out_ptr + base, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
         if HAS_BIAS:
             res += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         off = ms.to(tl.int64)[:, None] * N + rows[None, :]
         tl.store(out_ptr + off, res.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K, k_words, stride_w, k_per_split,
+                 n_splits, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """One row of x (M = 1). The weight is read as int32 words (int4: 8 codes, int8: 4) in a
+    (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was loaded in: code ``i`` of every
+    word meets x[k0 + PACK*j + i] (a strided read of x, from L1) by FMAs into a per-word sum, so
+    nothing is reshaped or moved between threads until the one reduction at the end."""
+    PACK: tl.constexpr = 32 // BITS
+    WORDS: tl.constexpr = BLOCK_K // PACK
+    CODE_MASK: tl.constexpr = 2 ** BITS - 1
+    zero_const: tl.constexpr = 2 ** (BITS - 1)
+    SCALE_PER_WORD: tl.constexpr = (not PER_ROW) and GROUP < BLOCK_K
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    words_ptr = w_ptr.to(tl.pointer_type(tl.int32))   # int8 rows are read as words too (K % 4 == 0)
+    row_off = rows.to(tl.int64)[:, None] * stride_w
+    j = tl.arange(0, WORDS)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    acc = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        wj = k0 // PACK + j
+        j_mask = wj < k_words
+        packed = tl.load(words_ptr + row_off + wj[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0)
+        t = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+        xs = tl.zeros((WORDS,), dtype=tl.float32)
+        for i in tl.static_range(PACK):
+            xi = tl.load(x_ptr + k0 + j * PACK + i, mask=j_mask, other=0.0).to(tl.float32)
+            ci = (((packed >> (BITS * i)) & CODE_MASK) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            t += ci * xi[None, :]
+            xs += xi
+        if SCALE_PER_WORD:   # several groups in the tile: each word's own group
+            sg_off = ((k0 + j * PACK) // GROUP)[None, :] * N + rows[:, None]
+            sg_mask = n_mask[:, None] & j_mask[None, :]
+            s = tl.load(s_ptr + sg_off, mask=sg_mask, other=0.0).to(tl.float32)
+            if SYMMETRIC:
+                acc += s * (t - zero_const * xs[None, :])
+            else:
+                z = tl.load(z_ptr + sg_off, mask=sg_mask, other=0.0).to(tl.float32)
+                acc += s * (t - z * xs[None, :])
+        else:
+            g = 0 if PER_ROW else k0 // GROUP
+            s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+            if SYMMETRIC:
+                acc += s[:, None] * (t - zero_const * xs[None, :])
+            else:
+                z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+                acc += s[:, None] * (t - z[:, None] * xs[None, :])
+    res = tl.sum(acc, axis=1)[None, :]
+    ms = tl.arange(0, 1)
+    _store(res, ms, ms < 1, rows, n_mask, pid_k, pid_n, 1, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
 
 
 @triton.jit
@@ -159,7 +239,29 @@ def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_qlinear = TritonLauncher(_qlinear_kernel)
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
+                    PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    n_mask = rows < N
+    ks = k0 + tl.arange(0, BLOCK_K)
+    codes = _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS, BLOCK_N, BLOCK_K)
+    g = 0 if PER_ROW else k0 // GROUP
+    s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+    if SYMMETRIC:
+        z = tl.full((BLOCK_N,), 2 ** (BITS - 1), tl.float32)
+    else:
+        z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+    w = (_codes_as_float(codes, 0) - z[:, None]) * s[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=n_mask[:, None] & (ks < K)[None, :])
+
+
+_qmm = TritonLauncher(_qmm_kernel)
+_dequant = TritonLauncher(_dequant_kernel)
+_gemv = TritonLauncher(_gemv_kernel)
 _combine = TritonLauncher(_combine_kernel)
 
 
@@ -173,24 +275,33 @@ def _sm_count(device_index) -> int:
 def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, use_dot, num_warps, num_stages) for a problem.
 
-    Decode, M = 1: 64 features x 256 columns of codes per step (int4: 8 KB of words per program
-    step), FMA path. Decode, M 2..16: 16 padded rows, tl.dot, BLOCK_K the group (at most 128).
-    Prefill: 64- or 128-row tiles by M, 128 features unless N is small, BLOCK_K = min(group, 64).
+    M = 1 (the GEMV kernel, no dot): 8 KB of packed words per program step; int4 128 features x
+    128 codes (the g128 group: one scale per row and step), int8 64 x 128. M 2..16: 16 padded
+    rows, tl.dot, BLOCK_K the group (at most 128). M 17..64: 32- or 64-row tiles of 64 features
+    (weight-bound still: many programs from N alone). More rows: 64- or 128-row tiles, 128
+    features unless N is small, BLOCK_K = min(group, 64).
     """
     g = p.k if p.group >= p.k else p.group
-    if p.m == 1:
-        return 1, 64, 256 if p.bits == 4 else 128, False, 4, 3
+    if p.m == 1 and _gemv_ok(p):
+        return 1, 128 if p.bits == 4 else 64, 128, False, 4, 3
     if p.m <= 16:
         return 16, 64, min(_pow2_le(g), 128), True, 4, 3
-    block_m = 64 if p.m <= 64 else 128
+    if p.m <= 64:   # still weight-bound: narrow tiles, so N alone gives many programs
+        return 32 if p.m <= 32 else 64, 64, min(_pow2_le(g), 64), True, 4, 3
+    block_m = 64 if p.m < 256 else 128
     block_n = 128 if p.n >= 128 else 64
     return block_m, block_n, min(_pow2_le(g), 64), True, 8 if block_m == 128 else 4, 3
+
+
+def _gemv_ok(p: LinearProblem) -> bool:
+    """The GEMV kernel reads int32 words: int8 rows need K % 4 == 0 (int4 always has K % 8 == 0)."""
+    return p.bits == 4 or p.k % 4 == 0
 
 
 def code_mode(bits: int, dtype: torch.dtype) -> tuple[int, int]:
     """How the dot path turns codes into x's dtype (see ``_codes_as_float``), and the offset that
     leaves on them: int4 and bf16 x: bf16 128 + code; fp16 x: fp16 1024 + code; int8 and bf16 x
-    (1 + code needs 9 significant bits at 256): float32, then rounded to bf16 (exact)."""
+    (128 + code needs 9 significant bits): float32, then rounded to bf16 (exact)."""
     if dtype == torch.float16:
         return 2, 1024
     return (1, 128) if bits == 4 else (3, 0)
@@ -200,45 +311,99 @@ def _pow2_le(v: int) -> int:
     return 1 << (v.bit_length() - 1)
 
 
+def _split(tiles: int, k: int, block_k: int, device: torch.device, programs_per_sm: int,
+           max_split: int = MAX_SPLIT) -> tuple[int, int]:
+    """(splits, K per split): split K while the tiles alone give fewer than ``programs_per_sm``
+    programs per SM, each split a whole number of K tiles, at most ``max_split``."""
+    k_steps = cdiv(k, block_k)
+    want = programs_per_sm * _sm_count(device.index if device.type == "cuda" else None)
+    split = max(1, min(max_split, k_steps, want // tiles)) if tiles < want else 1
+    k_per_split = cdiv(k_steps, split) * block_k
+    return cdiv(k, k_per_split), k_per_split
+
+
+_counter_buffers: dict = {}
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Per-tile arrival counters for the FIXUP split reduction: zeroed once, and left at zero by
+    every launch (the last split of a tile resets its counter). One buffer per device: launches
+    that split K must not run concurrently on two streams of one device with FIXUP on."""
+    buf = _counter_buffers.get(device)
+    if buf is None or buf.numel() < tiles:
+        buf = _counter_buffers[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    return buf
+
+
 def launch(call: LinearCall) -> torch.Tensor:
     """Run the kernel for ``call`` (either variant: the tile config tells them apart)."""
     return launch_config(call, tile_config(call.problem))
 
 
-def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM) -> torch.Tensor:
+def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM,
+                  fixup: Optional[bool] = None) -> torch.Tensor:
     """Run ``call`` with an explicit ``tile_config``-style tuple (the benchmark's sweep uses this).
-    The dot path needs BLOCK_K <= the group (checked); BLOCK_M 1 means the FMA path."""
+    BLOCK_M 1 without dot is the GEMV kernel (M must be 1); the dot path needs BLOCK_K <= group."""
     p = call.problem
     w = call.w
     x = call.x
     block_m, block_n, block_k, use_dot, warps, stages = config
-    if use_dot and block_k > w.group and w.group < p.k:
-        raise ValueError(f"the dot path needs BLOCK_K ({block_k}) <= group ({w.group})")
-    if not use_dot and block_m != 1:
-        raise ValueError("the FMA path takes BLOCK_M = 1")
     per_row = w.group_size == -1 or w.group >= p.k
-    sub = block_k if per_row else min(w.group, block_k)
+    if use_dot and block_k > w.group and not per_row:
+        raise ValueError(f"the dot path needs BLOCK_K ({block_k}) <= group ({w.group})")
+    if not use_dot and (p.m != 1 or not _gemv_ok(p)):
+        raise ValueError("the GEMV kernel takes M = 1 (and int8 K % 4 == 0)")
+    if not use_dot and not per_row and w.group < block_k and block_k % w.group:
+        raise ValueError(f"the GEMV kernel needs BLOCK_K ({block_k}) and the group ({w.group}) to divide one another")
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
-    k_steps = cdiv(p.k, block_k)
-    want = programs_per_sm * _sm_count(x.device.index if x.device.type == "cuda" else None)
-    split = max(1, min(MAX_SPLIT, k_steps, want // tiles)) if tiles < want else 1
-    k_per_split = cdiv(k_steps, split) * block_k
-    split = cdiv(p.k, k_per_split)
+    # partials cost 8 bytes per split and output element (written, read back): at most half the weight's bytes
+    byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
+    split, k_per_split = _split(tiles, p.k, block_k, x.device, programs_per_sm, min(MAX_SPLIT, byte_cap))
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
-    bias = call.bias if call.bias is not None else w.scales_t
+    has_bias = call.bias is not None
+    bias = call.bias if has_bias else w.scales_t
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
-    f32_dot = triton_interpreting()
-    mode, offset = code_mode(w.bits, x.dtype) if use_dot else (0, 0)
-    target = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
-    _qlinear((tiles, split), (x, w.packed, w.scales_t, zeros, bias, target, p.m, p.n, p.k, x.stride(0), k_per_split,
-                              m_tiles, w.bits, w.group, per_row, w.symmetric, call.bias is not None, split > 1,
-                              use_dot, f32_dot, mode, offset, sub, block_m, block_n, block_k),
+    fixup = SPLIT_FIXUP if fixup is None else fixup
+    ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
+    counters = _counters(x.device, tiles) if split > 1 and fixup else ws
+    if use_dot:
+        mode, offset = code_mode(w.bits, x.dtype)
+        _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, x.stride(0),
+                              w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
+                              w.symmetric, has_bias, split > 1, fixup, triton_interpreting(), mode, offset,
+                              block_m, block_n, block_k),
              num_warps=warps, num_stages=stages)
-    if split > 1:
+    else:
+        pack = 32 // w.bits
+        _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.n, p.k, p.k // pack,
+                                 p.k // pack, k_per_split, split, w.bits, w.group, per_row, w.symmetric, has_bias,
+                                 split > 1, fixup, block_n, block_k),
+              num_warps=warps, num_stages=stages)
+    if split > 1 and not fixup:
+        target = ws
         mn = p.m * p.n
-        _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, call.bias is not None, 1024), num_warps=4)
+        _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, has_bias, 1024), num_warps=4)
     return out.view(call.out_shape)
+
+
+def dequantize(w, dtype: torch.dtype) -> torch.Tensor:
+    """The (N, K) weight ``(code - zero) * scale`` (float32, then cast to ``dtype``) by a Triton kernel."""
+    n, k = w.shape
+    per_row = w.group_size == -1 or w.group >= k
+    block_k = min(_pow2_le(k if per_row else w.group), 128)
+    out = alloc.empty((n, k), dtype, w.device)
+    zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
+    _dequant((cdiv(n, 32), cdiv(k, block_k)), (w.packed, w.scales_t, zeros, out, n, k, w.packed.stride(0), w.bits,
+                                                w.group, per_row, w.symmetric, 32, block_k), num_warps=4)
+    return out
+
+
+def launch_dequant_gemm(call: LinearCall) -> torch.Tensor:
+    """Dequantize the weight to x's dtype (one pass over N*K), then cuBLAS through ``F.linear``.
+    Unlike the other variants, the weight is rounded to x's 16-bit dtype before the product."""
+    wd = dequantize(call.w, call.x.dtype)
+    return F.linear(call.x, wd, call.bias).view(call.out_shape)
 
 
 def _dtype_reason(p: LinearProblem):
@@ -256,11 +421,18 @@ def supports_decode(p: LinearProblem):
     return _dtype_reason(p) or (None if p.decode else f"M={p.m} rows > 16: the prefill variant's")
 
 
+def supports_dequant_gemm(p: LinearProblem):
+    return _dtype_reason(p) or (None if p.large else
+                                f"M={p.m} rows < {qproblem.DEQUANT_GEMM_MIN_M}: the Triton GEMM's (exact codes, no weight pass)")
+
+
 def supports_prefill(p: LinearProblem):
     return _dtype_reason(p)
 
 
 VARIANTS = (
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
+    ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
+     "M >= 1024: weight dequantized to x's dtype in one pass, then cuBLAS"),
     ("prefill", supports_prefill, launch, "M > 16: codes fed to tl.dot per group tile, scale/zero per group"),
 )
