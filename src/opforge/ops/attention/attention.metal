@@ -43,6 +43,14 @@ inline float neg_inf() {
   return as_type<float>(0xff800000u);
 }
 
+// Integer min / clamp on long, spelled out (not every Metal version overloads them for long).
+inline long min_l(long a, long b) {
+  return a < b ? a : b;
+}
+inline long clamp_l(long x, long lo, long hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
 // ---------------------------------------------------------------------------
 // Prefill.
 
@@ -71,8 +79,8 @@ inline void attention_prefill(device const T* q, device const T* k, device const
   device const T* vp = v + b * p.v_sb + hk * p.v_sh;
   device T* op = o + b * p.o_sb + h * p.o_sh;
 
-  const long last_row = min(q0 + kRows, p.sq) - 1;
-  const long kend = p.causal ? clamp(last_row + shift + 1, 0L, p.sk) : p.sk;
+  const long last_row = min_l(q0 + kRows, p.sq) - 1;
+  const long kend = p.causal ? clamp_l(last_row + shift + 1, 0, p.sk) : p.sk;
 
   for (long i = lane; i < kRows * d; i += 32) {
     const long r = i / d, c = i % d;
@@ -184,10 +192,10 @@ inline void attention_decode(device const T* q, device const T* k, device const 
   const long b = row / (p.sq * p.q_heads);
   const long hk = h / p.group;
   const long d = p.d;
-  const long len = clamp(long(seqlens[b]), 0L, p.s_max);
-  const long visible = clamp(len - p.sq + qi + 1, 0L, len);
+  const long len = clamp_l(long(seqlens[b]), 0, p.s_max);
+  const long visible = clamp_l(len - p.sq + qi + 1, 0, len);
   const long start = split * p.chunk;
-  const long end = min(start + p.chunk, visible);
+  const long end = min_l(start + p.chunk, visible);
   device const T* qp = q + b * p.q_sb + h * p.q_sh + qi * p.q_ss;
   device const T* kp = k + b * p.k_sb + hk * p.k_sh;
   device const T* vp = v + b * p.v_sb + hk * p.v_sh;
@@ -222,7 +230,7 @@ inline void attention_decode(device const T* q, device const T* k, device const 
     for (int i = 0; i < kLaneDims; ++i) {
       acc[i] *= alpha;
     }
-    const long n_keys = min(32L, end - j0);
+    const long n_keys = min_l(32, end - j0);
     for (long t = 0; t < n_keys; ++t) {
       const float et = simd_shuffle(e, ushort(t));
       device const T* vr = vp + (j0 + t) * p.v_ss;

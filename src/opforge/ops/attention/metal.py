@@ -39,7 +39,12 @@ MIN_SPLIT_KEYS = 64
 
 
 def kernel_name(kind: str, dtype: torch.dtype) -> str:
-    """The MSL function, e.g. ``attention_prefill_half`` (kind: prefill, decode, combine)."""
+    """The MSL function for a kernel kind (prefill, decode, combine) and dtype.
+
+    Example:
+        >>> kernel_name("prefill", torch.float16)
+        'attention_prefill_half'
+    """
     return f"attention_{kind}_{TYPE_NAMES[dtype]}"
 
 
@@ -83,7 +88,13 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
 
 
 def decode_splits(rows: int, s_max: int) -> int:
-    """How many KV splits decode uses for ``rows`` = B * Hq * Sq query rows and caches of ``s_max``."""
+    """How many KV splits decode uses for ``rows`` = B * Hq * Sq query rows and caches of ``s_max``:
+    enough threadgroups to fill the GPU, at most ``MAX_SPLITS``, at least ``MIN_SPLIT_KEYS`` keys each.
+
+    Example:
+        >>> decode_splits(rows=32, s_max=4096), decode_splits(rows=4096, s_max=4096), decode_splits(8, 100)
+        (32, 1, 2)
+    """
     want = -(-DECODE_TARGET_GROUPS // max(rows, 1))
     return max(1, min(want, MAX_SPLITS, -(-s_max // MIN_SPLIT_KEYS)))
 
