@@ -144,3 +144,17 @@ def test_variant_table_glue_runs_call_objects():
     assert "multiples of 8" in attn_metal.supports_prefill(SimpleNamespace(dtype=torch.float32, head_dim=60,
                                                                           device_type="cpu"))
     assert attn_metal.supports_decode(SimpleNamespace(dtype=torch.float64, head_dim=64, device_type="cpu"))
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_several_tiles_and_simdgroups(order, causal):
+    """Sq > 32: several threadgroups, all four simdgroups with rows, the last tile ragged; both
+    scheduling orders (a simdgroup running ahead exposes a missing barrier)."""
+    import metal_emu
+    b, hq, hkv, sq, sk, d = 1, 2, 1, 41, 47, 64
+    q, k, v = (rand(b, h, s, d, dtype=torch.float32, seed=60 + i) for i, (h, s) in
+               enumerate(((hq, sq), (hkv, sk), (hkv, sk))))
+    with metal_emu.schedule(order):
+        out = attn_metal.prefill(q, k, v, causal, 0.125)
+    assert rel_err(out, reference(q, k, v, causal, 0.125)) <= TOL[torch.float32]

@@ -116,6 +116,11 @@ ATTENTION_MUTANTS = [
     ("prefill-accumulator-not-rescaled", "attention_prefill", "simdgroup_multiply(acc[i], cf, acc[i]);", "",
      ("prefill",)),
     ("prefill-sum-not-rescaled", "attention_prefill", "row_l[r] * alpha", "row_l[r]", ("prefill",)),
+    ("prefill-barrier-before-staging-removed", "attention_prefill",
+     "threadgroup_barrier(mem_flags::mem_threadgroup);  // every simdgroup", "// every simdgroup", ("prefill",)),
+    ("prefill-barrier-after-staging-removed", "attention_prefill",
+     "threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    simdgroup_float8x8 s", "simdgroup_float8x8 s",
+     ("prefill",)),
     ("decode-mask-off-by-one", "attention_decode", "len - p.sq + qi + 1", "len - p.sq + qi", ("decode",)),
     ("decode-accumulator-not-rescaled", "attention_decode", "acc[i] *= alpha;", "", ("decode",)),
     ("decode-sum-not-rescaled", "attention_decode", "l = l * alpha + simd_sum(e);", "l = l + simd_sum(e);",
@@ -124,12 +129,18 @@ ATTENTION_MUTANTS = [
 
 
 def _attention_check(kind: str) -> None:
-    """One prefill (GQA, Sq < Sk, several key blocks) or decode (several splits, Sq = 4) case."""
+    """Prefill (GQA, Sq < Sk, two tiles, every simdgroup with rows, several key blocks; run in
+    both scheduling orders) or decode (several splits, Sq = 4)."""
+    import metal_emu
     torch.manual_seed(0)
     if kind == "prefill":
-        q, k, v = torch.randn(2, 4, 5, 64), torch.randn(2, 2, 21, 64), torch.randn(2, 2, 21, 64)
-        out = attn_metal.prefill(q, k, v, True, 0.3)
+        q, k, v = torch.randn(1, 4, 37, 64), torch.randn(1, 2, 45, 64), torch.randn(1, 2, 45, 64)
         ref = attn_checks.reference(q, k, v, True, 0.3)
+        for order in ("forward", "reverse"):
+            with metal_emu.schedule(order):
+                out = attn_metal.prefill(q, k, v, True, 0.3)
+            err = attn_checks.rel_err(out, ref)
+            assert err <= attn_checks.TOL[torch.float32], f"{kind} ({order}): rel err {err:.3e}"
     else:
         q, k, v = torch.randn(2, 4, 4, 64), torch.randn(2, 2, 80, 64), torch.randn(2, 2, 80, 64)
         seqlens = torch.tensor([80, 37], dtype=torch.int32)

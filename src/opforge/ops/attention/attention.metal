@@ -13,20 +13,21 @@
 //   Every tensor is addressed by (batch, head, sequence) strides in elements; the last
 //   dimension is contiguous.
 //
-// Kernels, per T (1-D grids of 32-thread threadgroups, one simdgroup each):
-//   attention_prefill_T  - one threadgroup per (b, h, block of 8 query rows).  Q (scaled) is
-//       staged in threadgroup memory and kept as D/8 simdgroup 8x8 matrices; for each block of
-//       8 keys (the causal loop stops at the last key the block's last row sees), K and V are
-//       staged (zero beyond Sk), S = Q K^T by 8x8 multiply-accumulates over D, the row
-//       softmax update runs in scalar code on 8 lanes (running max m, sum l, correction
-//       alpha = exp(m_old - m_new)), and the accumulators become diag(alpha) O + P V.
-//   attention_decode_T   - one threadgroup per (b, h, query i, KV split).  q * scale is staged
+// Kernels, per T (1-D grids):
+//   attention_prefill_T  - one threadgroup of 4 simdgroups per (b, h, tile of 32 query rows),
+//       8 rows per simdgroup.  Each simdgroup keeps its rows of Q (scaled) as D/8 simdgroup 8x8
+//       matrices.  For each block of 8 keys (the causal loop stops at the last key the tile's
+//       last row sees) the threadgroup stages K and V once (zero beyond the block's end);
+//       each simdgroup computes S = Q K^T by 8x8 multiply-accumulates over D, updates its rows'
+//       softmax in scalar code on 8 lanes (running max m, sum l, correction
+//       alpha = exp(m_old - m_new)), and its accumulators become diag(alpha) O + P V.
+//   attention_decode_T   - one 32-thread threadgroup per (b, h, query i, KV split).  q * scale is staged
 //       in threadgroup memory; each lane scores one key of a block of 32 (a dot product over D),
 //       simd_max / simd_sum give the block's maximum and sum, and each lane accumulates the
 //       dimensions lane, lane + 32, ... of P V, the block's probabilities taken from each lane
 //       with simd_shuffle.  The split writes its normalised partial output and its
 //       log-sum-exp (-inf if it saw no key) to float buffers.
-//   attention_combine_T  - one threadgroup per (b, h, query i): out = sum_s w_s o_s / sum_s w_s
+//   attention_combine_T  - one 32-thread threadgroup per (b, h, query i): out = sum_s w_s o_s / sum_s w_s
 //       with w_s = exp(lse_s - max lse); all -inf (no key seen) gives 0.
 //
 // Host side: src/opforge/ops/attention/metal.py.
@@ -35,8 +36,11 @@
 using namespace metal;
 
 constant constexpr int kMaxD = 256;   // largest head dimension
-constant constexpr int kRows = 8;     // query rows per prefill threadgroup
-constant constexpr int kKeys = 8;     // keys per prefill step
+constant constexpr int kRows = 8;     // prefill: query rows per simdgroup
+constant constexpr int kKeys = 8;     // prefill: keys per step
+constant constexpr int kSimdgroups = 4;  // prefill: simdgroups per threadgroup
+constant constexpr int kTileRows = kRows * kSimdgroups;  // query rows per threadgroup
+constant constexpr int kPrefillThreads = 32 * kSimdgroups;
 constant constexpr int kLaneDims = 8; // decode: dimensions per lane (kMaxD / 32)
 
 inline float neg_inf() {
@@ -61,16 +65,16 @@ struct PrefillShape {
 
 template <typename T>
 inline void attention_prefill(device const T* q, device const T* k, device const T* v, device T* o,
-                              thread const PrefillShape& p, float scale, uint tg, uint lane,
-                              threadgroup float* qo, threadgroup float* kt, threadgroup float* vt,
-                              threadgroup float* sp, threadgroup float* corr, threadgroup float* row_m,
-                              threadgroup float* row_l) {
-  const long q_blocks = (p.sq + kRows - 1) / kRows;
+                              thread const PrefillShape& p, float scale, uint tg, uint sg, uint lane, uint tid,
+                              threadgroup float* kt, threadgroup float* vt, threadgroup float* scratch,
+                              threadgroup float* corr_all, threadgroup float* row_m_all,
+                              threadgroup float* row_l_all) {
+  const long q_blocks = (p.sq + kTileRows - 1) / kTileRows;
   const long blk = long(tg) % q_blocks;
   const long h = (long(tg) / q_blocks) % p.q_heads;
   const long b = long(tg) / (q_blocks * p.q_heads);
   const long hk = h / p.group;
-  const long q0 = blk * kRows;
+  const long q0 = blk * kTileRows + long(sg) * kRows;  // this simdgroup's first query row
   const long d = p.d;
   const long nd = d / 8;
   const long shift = p.sk - p.sq;  // query i sees keys j <= i + shift when causal
@@ -78,30 +82,37 @@ inline void attention_prefill(device const T* q, device const T* k, device const
   device const T* kp = k + b * p.k_sb + hk * p.k_sh;
   device const T* vp = v + b * p.v_sb + hk * p.v_sh;
   device T* op = o + b * p.o_sb + h * p.o_sh;
+  // This simdgroup's own threadgroup memory: an 8x8 tile (Q chunks, scores/probabilities, output
+  // chunks), diag(alpha), and the running max / sum of its rows.
+  threadgroup float* sp = scratch + sg * (kRows * kKeys);
+  threadgroup float* corr = corr_all + sg * (kRows * kKeys);
+  threadgroup float* row_m = row_m_all + sg * kRows;
+  threadgroup float* row_l = row_l_all + sg * kRows;
 
-  const long last_row = min_l(q0 + kRows, p.sq) - 1;
+  // Keys the tile's last row sees (the causal loop stops there).
+  const long last_row = min_l(blk * kTileRows + kTileRows, p.sq) - 1;
   const long kend = p.causal ? clamp_l(last_row + shift + 1, 0, p.sk) : p.sk;
 
-  for (long i = lane; i < kRows * d; i += 32) {
-    const long r = i / d, c = i % d;
-    qo[r * kMaxD + c] = q0 + r < p.sq ? float(qp[(q0 + r) * p.q_ss + c]) * scale : 0.0f;
+  simdgroup_float8x8 qf[kMaxD / 8];
+  simdgroup_float8x8 acc[kMaxD / 8];
+  for (long i = 0; i < nd; ++i) {
+    for (long e = lane; e < kRows * 8; e += 32) {
+      const long r = e / 8, c = e % 8;
+      sp[e] = q0 + r < p.sq ? float(qp[(q0 + r) * p.q_ss + i * 8 + c]) * scale : 0.0f;
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_load(qf[i], sp, 8);
+    acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
   }
   if (lane < uint(kRows)) {
     row_m[lane] = neg_inf();
     row_l[lane] = 0.0f;
   }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-
-  simdgroup_float8x8 qf[kMaxD / 8];
-  simdgroup_float8x8 acc[kMaxD / 8];
-  for (long i = 0; i < nd; ++i) {
-    simdgroup_load(qf[i], qo + i * 8, kMaxD);
-    acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-  }
 
   for (long k0 = 0; k0 < kend; k0 += kKeys) {
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous block's K/V/P are read
-    for (long i = lane; i < kKeys * d; i += 32) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // every simdgroup is done with the last block
+    for (long i = tid; i < kKeys * d; i += kPrefillThreads) {
       const long r = i / d, c = i % d;
       const long key = k0 + r;
       kt[r * kMaxD + c] = key < kend ? float(kp[key * p.k_ss + c]) : 0.0f;
@@ -116,7 +127,7 @@ inline void attention_prefill(device const T* q, device const T* k, device const
       simdgroup_multiply_accumulate(s, qf[i], kf, s);
     }
     simdgroup_store(s, sp, kKeys);
-    threadgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
 
     if (lane < uint(kRows)) {
       const long r = lane;
@@ -145,7 +156,7 @@ inline void attention_prefill(device const T* q, device const T* k, device const
         corr[r * kKeys + c] = c == r ? alpha : 0.0f;
       }
     }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
 
     simdgroup_float8x8 pf, cf;
     simdgroup_load(pf, sp, kKeys);
@@ -158,16 +169,16 @@ inline void attention_prefill(device const T* q, device const T* k, device const
     }
   }
 
-  threadgroup_barrier(mem_flags::mem_threadgroup);
   for (long i = 0; i < nd; ++i) {
-    simdgroup_store(acc[i], qo + i * 8, kMaxD);
-  }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  for (long i = lane; i < kRows * d; i += 32) {
-    const long r = i / d, c = i % d;
-    if (q0 + r < p.sq) {
-      const float l = row_l[r];
-      op[(q0 + r) * p.o_ss + c] = T(l > 0.0f ? qo[r * kMaxD + c] / l : 0.0f);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_store(acc[i], sp, 8);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    for (long e = lane; e < kRows * 8; e += 32) {
+      const long r = e / 8, c = e % 8;
+      if (q0 + r < p.sq) {
+        const float l = row_l[r];
+        op[(q0 + r) * p.o_ss + i * 8 + c] = T(l > 0.0f ? sp[e] / l : 0.0f);
+      }
     }
   }
 }
@@ -297,18 +308,19 @@ inline void attention_combine(device const float* part_o, device const float* pa
       device const T *q [[buffer(0)]], device const T *k [[buffer(1)]],                          \
       device const T *v [[buffer(2)]], device T *o [[buffer(3)]],                                \
       constant long *shape [[buffer(4)]], constant float &scale [[buffer(5)]],                   \
-      uint tg [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {       \
-    threadgroup float qo[kRows * kMaxD];                                                         \
+      uint tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],        \
+      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {     \
     threadgroup float kt[kKeys * kMaxD];                                                         \
     threadgroup float vt[kKeys * kMaxD];                                                         \
-    threadgroup float sp[kRows * kKeys];                                                         \
-    threadgroup float corr[kRows * kKeys];                                                       \
-    threadgroup float row_m[kRows];                                                              \
-    threadgroup float row_l[kRows];                                                              \
+    threadgroup float scratch[kSimdgroups * kRows * kKeys];                                      \
+    threadgroup float corr[kSimdgroups * kRows * kKeys];                                         \
+    threadgroup float row_m[kSimdgroups * kRows];                                                \
+    threadgroup float row_l[kSimdgroups * kRows];                                                \
     const PrefillShape p = {shape[0],  shape[1],  shape[2],  shape[3],  shape[4],  shape[5],     \
                             shape[6],  shape[7],  shape[8],  shape[9],  shape[10], shape[11],    \
                             shape[12], shape[13], shape[14], shape[15], shape[16], shape[17]};   \
-    attention_prefill<T>(q, k, v, o, p, scale, tg, lane, qo, kt, vt, sp, corr, row_m, row_l);    \
+    attention_prefill<T>(q, k, v, o, p, scale, tg, sg, lane, tid, kt, vt, scratch, corr, row_m,  \
+                         row_l);                                                                 \
   }                                                                                              \
   [[kernel]] void attention_decode_##T(                                                          \
       device const T *q [[buffer(0)]], device const T *k [[buffer(1)]],                          \

@@ -2,9 +2,10 @@
 
 The kernels are in ``attention.metal`` next to this file:
 
-* ``prefill`` (``attention``): one 32-thread threadgroup per (batch, query head, block of 8 query
-  rows); S = Q K^T and P V by ``simdgroup_matrix`` 8x8 multiply-accumulates over blocks of 8
-  keys, online softmax in float32, causal blocks past the diagonal skipped.
+* ``prefill`` (``attention``): one threadgroup of 4 simdgroups per (batch, query head, tile of 32
+  query rows), 8 rows per simdgroup; K/V blocks of 8 keys staged once per threadgroup;
+  S = Q K^T and P V by ``simdgroup_matrix`` 8x8 multiply-accumulates, online softmax in
+  float32, causal blocks past the tile's last row skipped.
 * ``split_kv`` (``decode_attention``): one threadgroup per (batch, query head, query, KV split);
   each lane scores one key of a block of 32 (``simd_max`` / ``simd_sum`` across the block), the
   split writes a normalised partial output and its log-sum-exp, and a combine kernel merges
@@ -32,7 +33,8 @@ SOURCE = Path(__file__).with_name("attention.metal")
 SIMD_WIDTH = metal_runtime.SIMD_WIDTH
 TYPE_NAMES = metal_runtime.TYPE_NAMES
 MAX_HEAD_DIM = 256        # kMaxD in attention.metal
-PREFILL_ROWS = 8          # kRows: query rows per prefill threadgroup
+PREFILL_ROWS = 32         # kTileRows: query rows per prefill threadgroup
+PREFILL_THREADS = 128     # kPrefillThreads: 4 simdgroups
 DECODE_TARGET_GROUPS = 1024   # enough threadgroups to fill a large Apple GPU
 MAX_SPLITS = 64
 MIN_SPLIT_KEYS = 64
@@ -83,7 +85,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     fn = metal_runtime.kernel(SOURCE, kernel_name("prefill", dtype), device.type)
     shape = [hq, hq // k.shape[1], sq, k.shape[2], d, int(causal),
              *_strides(q), *_strides(k), *_strides(v), *_strides(out)]
-    fn(q, k, v, out, shape, float(scale), threads=groups * SIMD_WIDTH, group_size=SIMD_WIDTH)
+    fn(q, k, v, out, shape, float(scale), threads=groups * PREFILL_THREADS, group_size=PREFILL_THREADS)
     return out
 
 
