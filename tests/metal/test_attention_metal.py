@@ -99,6 +99,7 @@ DECODE = [
     (3, 4, 2, 1, 70, (70, 33, 5), 3),     # several splits, some of them empty
     (2, 2, 2, 4, 50, (4, 50), 2),         # Sq = 4, causal among the new tokens
     (2, 4, 1, 4, 24, (2, 9), 1),          # len < Sq: the first queries see no key
+    (1, 12, 1, 2, 33, (33,), 2),          # GQA 12: two threadgroups of 6 heads per kv head
 ]
 
 
@@ -158,3 +159,15 @@ def test_prefill_several_tiles_and_simdgroups(order, causal):
     with metal_emu.schedule(order):
         out = attn_metal.prefill(q, k, v, causal, 0.125)
     assert rel_err(out, reference(q, k, v, causal, 0.125)) <= TOL[torch.float32]
+
+
+def test_decode_in_reverse_schedule_order():
+    """Several simdgroups (query heads) per threadgroup, the highest-numbered running first."""
+    import metal_emu
+    q = rand(2, 8, 3, 64, dtype=torch.float32, seed=70)
+    kc = rand(2, 2, 50, 64, dtype=torch.float32, seed=71)
+    vc = rand(2, 2, 50, 64, dtype=torch.float32, seed=72)
+    seqlens = torch.tensor([50, 21], dtype=torch.int32)
+    with metal_emu.schedule("reverse"):
+        out = attn_metal.decode(q, kc, vc, seqlens, 0.125, n_split=3)
+    assert rel_err(out, reference(q, kc, vc, True, 0.125, seqlens)) <= TOL[torch.float32]

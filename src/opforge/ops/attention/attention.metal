@@ -21,8 +21,10 @@
 //       each simdgroup computes S = Q K^T by 8x8 multiply-accumulates over D, updates its rows'
 //       softmax in scalar code on 8 lanes (running max m, sum l, correction
 //       alpha = exp(m_old - m_new)), and its accumulators become diag(alpha) O + P V.
-//   attention_decode_T   - one 32-thread threadgroup per (b, h, query i, KV split).  q * scale is staged
-//       in threadgroup memory; each lane scores one key of a block of 32 (a dot product over D),
+//   attention_decode_T   - one threadgroup per (b, kv head, query i, KV split, chunk of up to 8 of
+//       the query heads that share the kv head), one simdgroup per query head: the heads of a
+//       group read the same cache rows together.  Each simdgroup stages q * scale in threadgroup
+//       memory; each lane scores one key of a block of 32 (a dot product over D),
 //       simd_max / simd_sum give the block's maximum and sum, and each lane accumulates the
 //       dimensions lane, lane + 32, ... of P V, the block's probabilities taken from each lane
 //       with simd_shuffle.  The split writes its normalised partial output and its
@@ -42,6 +44,7 @@ constant constexpr int kSimdgroups = 4;  // prefill: simdgroups per threadgroup
 constant constexpr int kTileRows = kRows * kSimdgroups;  // query rows per threadgroup
 constant constexpr int kPrefillThreads = 32 * kSimdgroups;
 constant constexpr int kLaneDims = 8; // decode: dimensions per lane (kMaxD / 32)
+constant constexpr int kDecodeHeads = 8;  // decode: at most this many query heads (simdgroups) per threadgroup
 
 inline float neg_inf() {
   return as_type<float>(0xff800000u);
@@ -187,21 +190,32 @@ inline void attention_prefill(device const T* q, device const T* k, device const
 // Decode: split-KV partials and their combination.
 
 struct DecodeShape {
-  long q_heads, group, sq, s_max, d, n_split, chunk;
+  long q_heads, group, sq, s_max, d, n_split, chunk, heads_per_group;
   long q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss;
 };
 
 template <typename T>
 inline void attention_decode(device const T* q, device const T* k, device const T* v,
                              device const int* seqlens, device float* part_o, device float* part_lse,
-                             thread const DecodeShape& p, float scale, uint tg, uint lane,
-                             threadgroup float* qs) {
-  const long split = long(tg) % p.n_split;
-  const long row = long(tg) / p.n_split;  // ((b * Hq + h) * Sq + qi)
-  const long qi = row % p.sq;
-  const long h = (row / p.sq) % p.q_heads;
-  const long b = row / (p.sq * p.q_heads);
-  const long hk = h / p.group;
+                             thread const DecodeShape& p, float scale, uint tg, uint sg, uint lane,
+                             threadgroup float* qs_all) {
+  // Threadgroup (b, kv head, head chunk, query, split); simdgroup sg takes query head
+  // hk * group + chunk * heads_per_group + sg, so the heads sharing a kv head read its cache
+  // slice together (the same rows at the same time: cache hits after the first simdgroup).
+  const long n_chunks = p.group / p.heads_per_group;
+  long t = long(tg);
+  const long split = t % p.n_split;
+  t /= p.n_split;
+  const long qi = t % p.sq;
+  t /= p.sq;
+  const long chunk_i = t % n_chunks;
+  t /= n_chunks;
+  const long kv_heads = p.q_heads / p.group;
+  const long hk = t % kv_heads;
+  const long b = t / kv_heads;
+  const long h = hk * p.group + chunk_i * p.heads_per_group + long(sg);
+  const long row = (b * p.q_heads + h) * p.sq + qi;
+  threadgroup float* qs = qs_all + sg * kMaxD;
   const long d = p.d;
   const long len = clamp_l(long(seqlens[b]), 0, p.s_max);
   const long visible = clamp_l(len - p.sq + qi + 1, 0, len);
@@ -327,12 +341,13 @@ inline void attention_combine(device const float* part_o, device const float* pa
       device const T *v [[buffer(2)]], device const int *seqlens [[buffer(3)]],                  \
       device float *part_o [[buffer(4)]], device float *part_lse [[buffer(5)]],                  \
       constant long *shape [[buffer(6)]], constant float &scale [[buffer(7)]],                   \
-      uint tg [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {       \
-    threadgroup float qs[kMaxD];                                                                 \
+      uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],      \
+      uint lane [[thread_index_in_simdgroup]]) {                                                 \
+    threadgroup float qs[kDecodeHeads * kMaxD];                                                  \
     const DecodeShape p = {shape[0],  shape[1],  shape[2],  shape[3],  shape[4],  shape[5],      \
                            shape[6],  shape[7],  shape[8],  shape[9],  shape[10], shape[11],     \
-                           shape[12], shape[13], shape[14], shape[15]};                          \
-    attention_decode<T>(q, k, v, seqlens, part_o, part_lse, p, scale, tg, lane, qs);             \
+                           shape[12], shape[13], shape[14], shape[15], shape[16]};               \
+    attention_decode<T>(q, k, v, seqlens, part_o, part_lse, p, scale, tg, sg, lane, qs);         \
   }                                                                                              \
   [[kernel]] void attention_combine_##T(                                                         \
       device const float *part_o [[buffer(0)]], device const float *part_lse [[buffer(1)]],      \

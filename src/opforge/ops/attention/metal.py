@@ -6,8 +6,9 @@ The kernels are in ``attention.metal`` next to this file:
   query rows), 8 rows per simdgroup; K/V blocks of 8 keys staged once per threadgroup;
   S = Q K^T and P V by ``simdgroup_matrix`` 8x8 multiply-accumulates, online softmax in
   float32, causal blocks past the tile's last row skipped.
-* ``split_kv`` (``decode_attention``): one threadgroup per (batch, query head, query, KV split);
-  each lane scores one key of a block of 32 (``simd_max`` / ``simd_sum`` across the block), the
+* ``split_kv`` (``decode_attention``): one threadgroup per (batch, kv head, query, KV split)
+  holding one simdgroup per query head of the GQA group (up to 8), so the group reads each
+  cache row together; each lane scores one key of a block of 32 (``simd_max`` / ``simd_sum`` across the block), the
   split writes a normalised partial output and its log-sum-exp, and a combine kernel merges
   the splits.
 
@@ -37,6 +38,7 @@ PREFILL_ROWS = 32         # kTileRows: query rows per prefill threadgroup
 PREFILL_THREADS = 128     # kPrefillThreads: 4 simdgroups
 DECODE_TARGET_GROUPS = 1024   # enough threadgroups to fill a large Apple GPU
 MAX_SPLITS = 64
+DECODE_MAX_HEADS = 8      # kDecodeHeads: query heads (simdgroups) per decode threadgroup
 MIN_SPLIT_KEYS = 64
 
 
@@ -89,6 +91,17 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     return out
 
 
+def decode_heads_per_threadgroup(group: int) -> int:
+    """Query heads (simdgroups) per decode threadgroup: the largest divisor of the GQA group
+    size ``group`` = Hq / Hkv that is at most ``DECODE_MAX_HEADS``.
+
+    Example:
+        >>> decode_heads_per_threadgroup(1), decode_heads_per_threadgroup(6), decode_heads_per_threadgroup(12)
+        (1, 6, 6)
+    """
+    return max(h for h in range(1, min(group, DECODE_MAX_HEADS) + 1) if group % h == 0)
+
+
 def decode_splits(rows: int, s_max: int) -> int:
     """How many KV splits decode uses for ``rows`` = B * Hq * Sq query rows and caches of ``s_max``:
     enough threadgroups to fill the GPU, at most ``MAX_SPLITS``, at least ``MIN_SPLIT_KEYS`` keys each.
@@ -132,10 +145,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
     part_lse = torch.empty(rows * n_split, dtype=torch.float32, device=device)
     split_fn = metal_runtime.kernel(SOURCE, kernel_name("decode", dtype), device.type)
     combine_fn = metal_runtime.kernel(SOURCE, kernel_name("combine", dtype), device.type)
-    shape = [hq, hq // k_cache.shape[1], sq, s_max, d, n_split, chunk,
+    group = hq // k_cache.shape[1]
+    heads = decode_heads_per_threadgroup(group)
+    shape = [hq, group, sq, s_max, d, n_split, chunk, heads,
              *_strides(q), *_strides(k_cache), *_strides(v_cache)]
     split_fn(q, k_cache, v_cache, seqlens, part_o, part_lse, shape, float(scale),
-             threads=rows * n_split * SIMD_WIDTH, group_size=SIMD_WIDTH)
+             threads=rows * n_split * SIMD_WIDTH, group_size=heads * SIMD_WIDTH)
     combine_fn(part_o, part_lse, out, [hq, sq, d, n_split, *_strides(out)],
                threads=rows * SIMD_WIDTH, group_size=SIMD_WIDTH)
     return out
