@@ -171,3 +171,13 @@ def test_decode_in_reverse_schedule_order():
     with metal_emu.schedule("reverse"):
         out = attn_metal.decode(q, kc, vc, seqlens, 0.125, n_split=3)
     assert rel_err(out, reference(q, kc, vc, True, 0.125, seqlens)) <= TOL[torch.float32]
+
+
+def test_head_dim_256_prefill_and_decode():
+    q = rand(1, 2, 9, 256, dtype=torch.float16, seed=80)
+    k = rand(1, 1, 12, 256, dtype=torch.float16, seed=81)
+    v = rand(1, 1, 12, 256, dtype=torch.float16, seed=82)
+    assert rel_err(attn_metal.prefill(q, k, v, True, 0.0625), reference(q, k, v, True, 0.0625)) <= TOL[torch.float16]
+    seqlens = torch.tensor([12], dtype=torch.int32)
+    out = attn_metal.decode(q[:, :, :3], k, v, seqlens, 0.0625, n_split=2)
+    assert rel_err(out, reference(q[:, :, :3], k, v, True, 0.0625, seqlens)) <= TOL[torch.float16]
