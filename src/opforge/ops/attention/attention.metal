@@ -3,8 +3,8 @@
 //
 // Semantics (shared with the Triton and torch paths of opforge):
 //   q (B, Hq, Sq, D); k, v (B, Hkv, Sk, D) for prefill, caches (B, Hkv, S_max, D) for decode;
-//   T in {float, half, bfloat}; D in {64, 80, 96, 128, 256} (any multiple of 8 up to 256 for
-//   prefill, any D <= 256 for decode); Hq a multiple of Hkv (query head h reads kv head
+//   T in {float, half, bfloat}; D in {64, 80, 96, 128, 256} for prefill (one kernel per D),
+//   any D <= 256 for decode; Hq a multiple of Hkv (query head h reads kv head
 //   h / (Hq / Hkv)).  Scores are (q . k) * scale, softmax in float32, out = P V rounded once to T.
 //   Causal masks are aligned to the end: query i sees key j iff j <= i + Sk - Sq; a row that
 //   sees no key is 0.  Decode: sequence b holds len = cache_seqlens[b] keys (clamped to
@@ -14,7 +14,7 @@
 //   dimension is contiguous.
 //
 // Kernels, per T (1-D grids):
-//   attention_prefill_T  - one threadgroup of 4 simdgroups per (b, h, tile of 32 query rows),
+//   attention_prefill_T_dD - one threadgroup of 4 simdgroups per (b, h, tile of 32 query rows),
 //       8 rows per simdgroup.  Each simdgroup keeps its rows of Q (scaled) as D/8 simdgroup 8x8
 //       matrices.  For each block of 8 keys (the causal loop stops at the last key the tile's
 //       last row sees) the threadgroup stages K and V once (zero beyond the block's end);
@@ -66,7 +66,7 @@ struct PrefillShape {
   long q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss;
 };
 
-template <typename T>
+template <typename T, int D>
 inline void attention_prefill(device const T* q, device const T* k, device const T* v, device T* o,
                               thread const PrefillShape& p, float scale, uint tg, uint sg, uint lane, uint tid,
                               threadgroup float* kt, threadgroup float* vt, threadgroup float* scratch,
@@ -78,8 +78,10 @@ inline void attention_prefill(device const T* q, device const T* k, device const
   const long b = long(tg) / (q_blocks * p.q_heads);
   const long hk = h / p.group;
   const long q0 = blk * kTileRows + long(sg) * kRows;  // this simdgroup's first query row
-  const long d = p.d;
-  const long nd = d / 8;
+  // D is a template parameter so that the loops over D / 8 unroll and the matrix arrays stay
+  // in registers.
+  constexpr long d = D;
+  constexpr long nd = D / 8;
   const long shift = p.sk - p.sq;  // query i sees keys j <= i + shift when causal
   device const T* qp = q + b * p.q_sb + h * p.q_sh;
   device const T* kp = k + b * p.k_sb + hk * p.k_sh;
@@ -96,8 +98,8 @@ inline void attention_prefill(device const T* q, device const T* k, device const
   const long last_row = min_l(blk * kTileRows + kTileRows, p.sq) - 1;
   const long kend = p.causal ? clamp_l(last_row + shift + 1, 0, p.sk) : p.sk;
 
-  simdgroup_float8x8 qf[kMaxD / 8];
-  simdgroup_float8x8 acc[kMaxD / 8];
+  simdgroup_float8x8 qf[nd];
+  simdgroup_float8x8 acc[nd];
   for (long i = 0; i < nd; ++i) {
     for (long e = lane; e < kRows * 8; e += 32) {
       const long r = e / 8, c = e % 8;
@@ -118,15 +120,15 @@ inline void attention_prefill(device const T* q, device const T* k, device const
     for (long i = tid; i < kKeys * d; i += kPrefillThreads) {
       const long r = i / d, c = i % d;
       const long key = k0 + r;
-      kt[r * kMaxD + c] = key < kend ? float(kp[key * p.k_ss + c]) : 0.0f;
-      vt[r * kMaxD + c] = key < kend ? float(vp[key * p.v_ss + c]) : 0.0f;
+      kt[r * D + c] = key < kend ? float(kp[key * p.k_ss + c]) : 0.0f;
+      vt[r * D + c] = key < kend ? float(vp[key * p.v_ss + c]) : 0.0f;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
     simdgroup_float8x8 s = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     for (long i = 0; i < nd; ++i) {
       simdgroup_float8x8 kf;  // K^T: dims i*8.. x the block's keys
-      simdgroup_load(kf, kt + i * 8, kMaxD, ulong2(0, 0), true);
+      simdgroup_load(kf, kt + i * 8, D, ulong2(0, 0), true);
       simdgroup_multiply_accumulate(s, qf[i], kf, s);
     }
     simdgroup_store(s, sp, kKeys);
@@ -166,7 +168,7 @@ inline void attention_prefill(device const T* q, device const T* k, device const
     simdgroup_load(cf, corr, kKeys);
     for (long i = 0; i < nd; ++i) {
       simdgroup_float8x8 vf;
-      simdgroup_load(vf, vt + i * 8, kMaxD);
+      simdgroup_load(vf, vt + i * 8, D);
       simdgroup_multiply(acc[i], cf, acc[i]);
       simdgroup_multiply_accumulate(acc[i], pf, vf, acc[i]);
     }
@@ -317,15 +319,15 @@ inline void attention_combine(device const float* part_o, device const float* pa
 // ---------------------------------------------------------------------------
 // Kernels.
 
-#define ATTENTION_KERNELS(T)                                                                     \
-  [[kernel]] void attention_prefill_##T(                                                         \
+#define ATTENTION_PREFILL_KERNEL(T, D)                                                           \
+  [[kernel]] void attention_prefill_##T##_d##D(                                                 \
       device const T *q [[buffer(0)]], device const T *k [[buffer(1)]],                          \
       device const T *v [[buffer(2)]], device T *o [[buffer(3)]],                                \
       constant long *shape [[buffer(4)]], constant float &scale [[buffer(5)]],                   \
       uint tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],        \
       uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {     \
-    threadgroup float kt[kKeys * kMaxD];                                                         \
-    threadgroup float vt[kKeys * kMaxD];                                                         \
+    threadgroup float kt[kKeys * D];                                                             \
+    threadgroup float vt[kKeys * D];                                                         \
     threadgroup float scratch[kSimdgroups * kRows * kKeys];                                      \
     threadgroup float corr[kSimdgroups * kRows * kKeys];                                         \
     threadgroup float row_m[kSimdgroups * kRows];                                                \
@@ -333,9 +335,18 @@ inline void attention_combine(device const float* part_o, device const float* pa
     const PrefillShape p = {shape[0],  shape[1],  shape[2],  shape[3],  shape[4],  shape[5],     \
                             shape[6],  shape[7],  shape[8],  shape[9],  shape[10], shape[11],    \
                             shape[12], shape[13], shape[14], shape[15], shape[16], shape[17]};   \
-    attention_prefill<T>(q, k, v, o, p, scale, tg, sg, lane, tid, kt, vt, scratch, corr, row_m,  \
-                         row_l);                                                                 \
-  }                                                                                              \
+    attention_prefill<T, D>(q, k, v, o, p, scale, tg, sg, lane, tid, kt, vt, scratch, corr,      \
+                            row_m, row_l);                                                       \
+  }
+
+#define ATTENTION_PREFILL_KERNELS(T) \
+  ATTENTION_PREFILL_KERNEL(T, 64)    \
+  ATTENTION_PREFILL_KERNEL(T, 80)    \
+  ATTENTION_PREFILL_KERNEL(T, 96)    \
+  ATTENTION_PREFILL_KERNEL(T, 128)   \
+  ATTENTION_PREFILL_KERNEL(T, 256)
+
+#define ATTENTION_KERNELS(T)                                                                     \
   [[kernel]] void attention_decode_##T(                                                          \
       device const T *q [[buffer(0)]], device const T *k [[buffer(1)]],                          \
       device const T *v [[buffer(2)]], device const int *seqlens [[buffer(3)]],                  \
@@ -359,6 +370,9 @@ inline void attention_combine(device const float* part_o, device const float* pa
 
 ATTENTION_KERNELS(float)
 ATTENTION_KERNELS(half)
+ATTENTION_PREFILL_KERNELS(float)
+ATTENTION_PREFILL_KERNELS(half)
 #if __METAL_VERSION__ >= 310
 ATTENTION_KERNELS(bfloat)
+ATTENTION_PREFILL_KERNELS(bfloat)
 #endif

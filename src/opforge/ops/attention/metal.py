@@ -34,6 +34,7 @@ SOURCE = Path(__file__).with_name("attention.metal")
 SIMD_WIDTH = metal_runtime.SIMD_WIDTH
 TYPE_NAMES = metal_runtime.TYPE_NAMES
 MAX_HEAD_DIM = 256        # kMaxD in attention.metal
+PREFILL_HEAD_DIMS = (64, 80, 96, 128, 256)   # ATTENTION_PREFILL_KERNELS in attention.metal
 PREFILL_ROWS = 32         # kTileRows: query rows per prefill threadgroup
 PREFILL_THREADS = 128     # kPrefillThreads: 4 simdgroups
 DECODE_TARGET_GROUPS = 1024   # enough threadgroups to fill a large Apple GPU
@@ -42,14 +43,16 @@ DECODE_MAX_HEADS = 8      # kDecodeHeads: query heads (simdgroups) per decode th
 MIN_SPLIT_KEYS = 64
 
 
-def kernel_name(kind: str, dtype: torch.dtype) -> str:
-    """The MSL function for a kernel kind (prefill, decode, combine) and dtype.
+def kernel_name(kind: str, dtype: torch.dtype, head_dim: Optional[int] = None) -> str:
+    """The MSL function for a kernel kind (prefill, decode, combine), dtype and, for prefill,
+    head dimension (one prefill kernel per D in ``PREFILL_HEAD_DIMS``).
 
     Example:
-        >>> kernel_name("prefill", torch.float16)
-        'attention_prefill_half'
+        >>> kernel_name("prefill", torch.float16, 128), kernel_name("decode", torch.bfloat16)
+        ('attention_prefill_half_d128', 'attention_decode_bfloat')
     """
-    return f"attention_{kind}_{TYPE_NAMES[dtype]}"
+    suffix = f"_d{head_dim}" if kind == "prefill" else ""
+    return f"attention_{kind}_{TYPE_NAMES[dtype]}{suffix}"
 
 
 def _check(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -84,7 +87,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     groups = b * hq * -(-sq // PREFILL_ROWS)
     if groups == 0:
         return out
-    fn = metal_runtime.kernel(SOURCE, kernel_name("prefill", dtype), device.type)
+    fn = metal_runtime.kernel(SOURCE, kernel_name("prefill", dtype, d), device.type)
     shape = [hq, hq // k.shape[1], sq, k.shape[2], d, int(causal),
              *_strides(q), *_strides(k), *_strides(v), *_strides(out)]
     fn(q, k, v, out, shape, float(scale), threads=groups * PREFILL_THREADS, group_size=PREFILL_THREADS)
@@ -173,9 +176,8 @@ def _dtype_reason(p: Any) -> Optional[str]:
 
 def supports_prefill(p: Any) -> Optional[str]:
     """None if the prefill kernel takes problem ``p``, else why not."""
-    if p.head_dim % 8 or not 0 < p.head_dim <= MAX_HEAD_DIM:
-        return _dtype_reason(p) or f"head_dim={p.head_dim}: the Metal prefill kernel takes multiples of 8 up to " \
-                                   f"{MAX_HEAD_DIM}"
+    if p.head_dim not in PREFILL_HEAD_DIMS:
+        return _dtype_reason(p) or f"head_dim={p.head_dim}: the Metal prefill kernels take D in {PREFILL_HEAD_DIMS}"
     return _dtype_reason(p)
 
 
