@@ -205,16 +205,16 @@ inline void attention_decode(device const T* q, device const T* k, device const 
   // hk * group + chunk * heads_per_group + sg, so the heads sharing a kv head read its cache
   // slice together (the same rows at the same time: cache hits after the first simdgroup).
   const long n_chunks = p.group / p.heads_per_group;
-  long t = long(tg);
-  const long split = t % p.n_split;
-  t /= p.n_split;
-  const long qi = t % p.sq;
-  t /= p.sq;
-  const long chunk_i = t % n_chunks;
-  t /= n_chunks;
+  long rest = long(tg);
+  const long split = rest % p.n_split;
+  rest /= p.n_split;
+  const long qi = rest % p.sq;
+  rest /= p.sq;
+  const long chunk_i = rest % n_chunks;
+  rest /= n_chunks;
   const long kv_heads = p.q_heads / p.group;
-  const long hk = t % kv_heads;
-  const long b = t / kv_heads;
+  const long hk = rest % kv_heads;
+  const long b = rest / kv_heads;
   const long h = hk * p.group + chunk_i * p.heads_per_group + long(sg);
   const long row = (b * p.q_heads + h) * p.sq + qi;
   threadgroup float* qs = qs_all + sg * kMaxD;
