@@ -59,13 +59,18 @@ class InferenceOnlyError(RuntimeError):
     """
 
 
-def _refuse_grad(name: str, args: tuple, kwargs: dict) -> None:
+def _requires_grad(args: tuple, kwargs: dict) -> bool:
     for a in args:
         if isinstance(a, _Tensor) and a.requires_grad:
-            break
-    else:
-        if not any(isinstance(v, _Tensor) and v.requires_grad for v in kwargs.values()):
-            return
+            return True
+    if kwargs:
+        for v in kwargs.values():
+            if isinstance(v, _Tensor) and v.requires_grad:
+                return True
+    return False
+
+
+def _refuse_grad(name: str) -> None:
     raise InferenceOnlyError(
         f"opforge.{name} is inference-only (no backward): an input requires grad while grad mode is on, "
         "and the result would silently have no autograd graph. Call it under torch.no_grad() or "
@@ -138,8 +143,8 @@ def compiled(name: str, fake: Callable[..., Any], mutates: Sequence[str] = (),
             def public(*args: Any, **kwargs: Any) -> Any:
                 if _is_compiling():
                     return op(*args, **kwargs)
-                if _grad_enabled():
-                    _refuse_grad(name, args, kwargs)
+                if _grad_enabled() and _requires_grad(args, kwargs):
+                    _refuse_grad(name)
                 return fn(*args, **kwargs)
         else:
             @functools.wraps(fn)
