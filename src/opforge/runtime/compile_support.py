@@ -32,7 +32,8 @@ The function needs type annotations torch.library can read (``torch.Tensor``,
 or a ``None`` return). An op that writes into some arguments (``kv_cache_append`` into its caches)
 names them: ``@compiled("kv_cache_append", fake, mutates=("k_cache", "v_cache"))``; its fake then
 returns None (or only its new outputs) and must not write anything. ``grad_check=False`` skips the
-autograd refusal for ops whose inputs never carry a graph (integer indices, caches).
+autograd refusal for ops whose inputs never carry a graph (integer indices, caches). Callers
+with their own entry point (``opforge.fuse``) use ``requires_grad_in`` and ``refuse_autograd``.
 """
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ class InferenceOnlyError(RuntimeError):
     """
 
 
-def _requires_grad(args: tuple, kwargs: dict) -> bool:
+def requires_grad_in(args: tuple, kwargs: dict) -> bool:
+    """True if any tensor among ``args`` and ``kwargs`` requires grad (check grad mode first)."""
     for a in args:
         if isinstance(a, _Tensor) and a.requires_grad:
             return True
@@ -70,7 +72,8 @@ def _requires_grad(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _refuse_grad(name: str) -> None:
+def refuse_autograd(name: str) -> None:
+    """Raise ``InferenceOnlyError`` for ``opforge.<name>``."""
     raise InferenceOnlyError(
         f"opforge.{name} is inference-only (no backward): an input requires grad while grad mode is on, "
         "and the result would silently have no autograd graph. Call it under torch.no_grad() or "
@@ -143,8 +146,8 @@ def compiled(name: str, fake: Callable[..., Any], mutates: Sequence[str] = (),
             def public(*args: Any, **kwargs: Any) -> Any:
                 if _is_compiling():
                     return op(*args, **kwargs)
-                if _grad_enabled() and _requires_grad(args, kwargs):
-                    _refuse_grad(name)
+                if _grad_enabled() and requires_grad_in(args, kwargs):
+                    refuse_autograd(name)
                 return fn(*args, **kwargs)
         else:
             @functools.wraps(fn)

@@ -66,6 +66,12 @@ class LRU(Generic[K, V]):
 
     __setitem__ = put
 
+    def __getitem__(self, key: K) -> V:
+        value = self.get(key, _MISSING)  # type: ignore[arg-type]
+        if value is _MISSING:
+            raise KeyError(key)
+        return value  # type: ignore[return-value]
+
     def setdefault(self, key: K, value: V) -> V:
         """The value already stored under ``key``, else store ``value`` and return it (atomic)."""
         with self._lock:
@@ -100,6 +106,14 @@ class LRU(Generic[K, V]):
     def keys(self) -> list:
         with self._lock:
             return list(self._data)
+
+    def values(self) -> list:
+        with self._lock:
+            return list(self._data.values())
+
+    def items(self) -> list:
+        with self._lock:
+            return list(self._data.items())
 
     def clear(self) -> None:
         with self._lock:
