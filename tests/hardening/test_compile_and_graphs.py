@@ -193,3 +193,26 @@ def test_nn_modules_record_a_graph_in_grad_mode_and_run_opforge_for_inference(cl
         y = module(x)
     assert [e.op for e in t] == ["layer_norm" if cls is opforge.nn.LayerNorm else "rms_norm"]
     assert rel_error(y, torch_module(x).detach().double()) < 1e-5
+
+
+def test_dynamic_shapes_compile_once_and_match_eager():
+    torch._dynamo.reset()
+
+    def f(x, r, w):
+        y, h = opforge.add_rms_norm(x, r, w)
+        return opforge.softmax(opforge.gelu(y) + opforge.silu(h), dim=0), opforge.layer_norm(h, w, None)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
+    for rows, n in [(3, 16), (5, 32), (7, 48)]:
+        x, r, w = torch.randn(rows, n), torch.randn(rows, n), torch.randn(n)
+        for a, b in zip(compiled(x, r, w), f(x, r, w)):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_model_with_opforge_modules_compiles_under_inference_mode():
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(opforge.nn.RMSNorm(16), torch.nn.Linear(16, 16), opforge.nn.LayerNorm(16))
+    with torch.inference_mode():
+        x = torch.randn(4, 16)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
