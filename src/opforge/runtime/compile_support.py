@@ -146,8 +146,12 @@ def compiled(name: str, fake: Callable[..., Any], mutates: Sequence[str] = (),
             def public(*args: Any, **kwargs: Any) -> Any:
                 if _is_compiling():
                     return op(*args, **kwargs)
-                if _grad_enabled() and requires_grad_in(args, kwargs):
-                    refuse_autograd(name)
+                if _grad_enabled():  # the check inlined: a Python call costs ~60 ns
+                    for a in args:
+                        if isinstance(a, _Tensor) and a.requires_grad:
+                            refuse_autograd(name)
+                    if kwargs and requires_grad_in((), kwargs):
+                        refuse_autograd(name)
                 return fn(*args, **kwargs)
         else:
             @functools.wraps(fn)
