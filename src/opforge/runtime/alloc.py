@@ -130,18 +130,26 @@ def free_caches() -> None:
         torch.cuda.empty_cache()
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 def retry_after_out_of_memory(op: str, describe: Callable[[], str], error: BaseException,
                               again: Callable[[], Any]) -> Any:
     """What ``dispatch.run`` does when a call ran out of memory: free caches, retry once, else
-    raise ``OutOfMemoryError`` naming the op, ``describe()`` and the bytes asked for."""
-    _request.nbytes = None
-    del error  # let the failed attempt's frames (and any tensors they hold) go before retrying
-    free_caches()
-    try:
-        return again()
-    except torch.OutOfMemoryError as second:
-        nbytes = _requested_bytes(second)
-        second_error = second
+    raise ``OutOfMemoryError`` naming the op, ``describe()`` and the bytes asked for. During CUDA
+    graph capture it raises at once (emptying torch's cache is not allowed there)."""
+    if _capturing():  # freeing torch's cached blocks is illegal mid-capture: no retry
+        nbytes, second_error = _requested_bytes(error), error
+    else:
+        _request.nbytes = None
+        del error  # let the failed attempt's frames (and any tensors they hold) go before retrying
+        free_caches()
+        try:
+            return again()
+        except torch.OutOfMemoryError as second:
+            nbytes = _requested_bytes(second)
+            second_error = second
     try:
         inputs = describe()
     except Exception:  # pragma: no cover - a description must never hide the real error
