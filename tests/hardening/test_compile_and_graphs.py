@@ -216,3 +216,14 @@ def test_a_model_with_opforge_modules_compiles_under_inference_mode():
         x = torch.randn(4, 16)
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_calls_with_inputs_requiring_grad_fail_naming_no_grad():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: opforge.rms_norm(x) * 2, fullgraph=True, backend="aot_eager")
+    x = torch.randn(3, 8, requires_grad=True)
+    with pytest.raises(Exception, match=r"inference-only.*torch\.no_grad\(\)"):
+        f(x)
+    with torch.no_grad():
+        y = f(x)
+    assert rel_error(y, 2 * x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)) < 1e-5

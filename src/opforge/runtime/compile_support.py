@@ -80,6 +80,16 @@ def refuse_autograd(name: str) -> None:
         "torch.inference_mode(), or pass detached tensors.")
 
 
+def _no_context(ctx: Any, inputs: tuple, output: Any) -> None:
+    pass
+
+
+def _no_backward(name: str) -> Callable[..., Any]:
+    def backward(ctx: Any, *grads: Any) -> Any:
+        refuse_autograd(name)
+    return backward
+
+
 def _unalias(outputs: Any, inputs: list) -> Any:
     """Clone any output that shares storage with an input (custom ops may not return aliases)."""
     if not inputs:
@@ -140,6 +150,8 @@ def compiled(name: str, fake: Callable[..., Any], mutates: Sequence[str] = (),
         schema = torch.library.infer_schema(fn, mutates_args=tuple(mutates))
         op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates), schema=schema)
         op.register_fake(fake)
+        if grad_check:  # compiled graphs that need a backward fail naming no_grad / inference_mode
+            op.register_autograd(_no_backward(name), setup_context=_no_context)
 
         if grad_check:
             @functools.wraps(fn)
