@@ -93,9 +93,14 @@ def simulate_out_of_memory(times: int = 1) -> Iterator[None]:
     (fault injection for tests; any thread's allocation counts).
 
     Example:
-        >>> import torch, opforge
-        >>> with opforge.backend("triton"), simulate_out_of_memory(1):   # doctest: +SKIP
-        ...     y = opforge.softmax(x)      # the first try fails; opforge frees caches and retries
+        >>> with simulate_out_of_memory(1):
+        ...     try:
+        ...         empty((2, 3), torch.float32, torch.device("cpu"))
+        ...     except torch.OutOfMemoryError as error:
+        ...         print(str(error).split(".")[0])
+        simulated out of memory (opforge
+        >>> empty((2, 3), torch.float32, torch.device("cpu")).shape   # the next one succeeds
+        torch.Size([2, 3])
     """
     global _fail_next
     previous, _fail_next = _fail_next, times
