@@ -62,7 +62,13 @@ def _needs_interpreter_reexec() -> bool:
 
 
 def run_verify(ops: Optional[Sequence[str]] = None, quick: bool = False) -> int:
-    """Check every op on every available backend; print a table; return 1 on any failure."""
+    """Check every op on every available backend; print a table; return 1 on any failure (2 for
+    an unknown op name)."""
+    unknown = sorted(set(ops or ()) - set(registry.ops()))
+    if unknown:
+        print(f"opforge verify: unknown op {', '.join(unknown)}; known ops: {', '.join(registry.ops())}",
+              file=sys.stderr)
+        return 2
     emulate_metal = _device_type() == "cpu" and not backends.metal_emulating()
     if emulate_metal:
         from .runtime.metal import emulator_unavailable_reason
