@@ -14,10 +14,14 @@ from .ops.activation import geglu, gelu, relu, silu, swiglu
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from .ops.softmax import log_softmax, softmax
 from .runtime.device import DeviceInfo, device_info
+from .runtime.device_config import DeviceConfig, device_config
 from .runtime.errors import NoKernelError
 from .runtime.policy import FallbackWarning, backend, strict
 from .runtime.registry import explain
 from .runtime.trace import trace
+
+from . import models  # noqa: E402  (after the ops it builds on)
+from .models.patch import patch  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -26,6 +30,7 @@ __all__ = [
     "softmax", "log_softmax", "gelu", "silu", "relu", "swiglu", "geglu",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
+    "device_config", "DeviceConfig", "models", "patch",
     "fuse", "FusionError", "UnfusableError",
     "where", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "minimum", "maximum", "pow", "cast",
 ]
