@@ -139,8 +139,8 @@ def patch(model: torch.nn.Module) -> PatchReport:
     Example:
         >>> import torch, opforge
         >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
-        >>> print(opforge.patch(net))
-        replaced 1 x LayerNorm
+        >>> opforge.patch(net).replaced
+        {'LayerNorm': 1}
     """
     report = PatchReport()
     family = next((f for f in _GATED_FAMILIES if type(model).__name__.startswith(f)), None)
