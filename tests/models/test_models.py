@@ -132,6 +132,30 @@ def test_unused_weights_are_refused(tmp_path):
         load(str(tmp_path), device="cpu", dtype=torch.float32)
 
 
+def test_sliding_window_shorter_than_the_cache_is_refused(tmp_path):
+    config = dict(TINY_LLAMA, model_type="mistral", sliding_window=16)
+    write_checkpoint(str(tmp_path), config, random_weights(config))
+    with pytest.raises(UnsupportedModelError, match="sliding_window=16"):
+        load(str(tmp_path), device="cpu", dtype=torch.float32, max_seq_len=64)
+    assert load(str(tmp_path), device="cpu", dtype=torch.float32, max_seq_len=16).max_seq_len == 16
+
+
+def test_quantize_without_quantized_linear_says_so(tmp_path):
+    if opforge.models.ops.have("quantize_weight"):
+        m = tiny_decoder(quantize="int8", max_seq_len=32)
+        full = tiny_decoder(max_seq_len=32)
+        ids = torch.tensor([[1, 2, 3, 4]])
+        assert _rel(m.forward(ids), full.forward(ids)) < 5e-2
+    else:
+        with pytest.raises(NotImplementedError, match="quantize_weight"):
+            tiny_decoder(quantize="int8")
+
+
+def test_prompt_too_long_for_the_cache_is_refused(model):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model.generate(list(range(60)) * 2, 10)
+
+
 def test_llama3_rope_scaling_matches_its_definition():
     from opforge.models.config import parse_config, rope_tables
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -167,7 +191,7 @@ def _hf_tiny(tmp_path, config_dict):
     return hf
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "mistral", "qwen3"])
 def test_greedy_tokens_and_logits_equal_transformers(tmp_path, model_type):
     config = dict(TINY_LLAMA, model_type=model_type)
     hf = _hf_tiny(tmp_path, config)

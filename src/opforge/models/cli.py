@@ -25,9 +25,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Example:
         >>> from opforge.models.cli import main
         >>> from opforge.models.testing import write_tiny_checkpoint
-        >>> main([write_tiny_checkpoint(), "--prompt-ids", "1,2,3", "--max-new-tokens", "3"])  # doctest: +ELLIPSIS
-        ...
-        0
+        >>> import contextlib, io
+        >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
+        ...     status = main([write_tiny_checkpoint(), "--prompt-ids", "1,2,3", "--max-new-tokens", "3"])
+        >>> status, "tokens/s" in printed.getvalue()
+        (0, True)
     """
     parser = argparse.ArgumentParser(prog="opforge generate", description=__doc__)
     parser.add_argument("model_dir")
