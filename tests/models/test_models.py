@@ -142,10 +142,17 @@ def test_sliding_window_shorter_than_the_cache_is_refused(tmp_path):
 
 def test_quantize_without_quantized_linear_says_so(tmp_path):
     if opforge.models.ops.have("quantize_weight"):
-        m = tiny_decoder(quantize="int8", max_seq_len=32)
+        m = tiny_decoder(quantize="int8", max_seq_len=32, group_size=32)
         full = tiny_decoder(max_seq_len=32)
         ids = torch.tensor([[1, 2, 3, 4]])
         assert _rel(m.forward(ids), full.forward(ids)) < 5e-2
+        assert type(m.layers[0].qkv).__name__ == "QuantizedWeight" and type(m.layers[0].down).__name__ == "QuantizedWeight"
+        assert m.weight_bytes() < full.weight_bytes()
+        with pytest.warns(UserWarning, match="stay dense"):        # K=32 weights with 64-wide groups
+            tiny_decoder(quantize="int8", max_seq_len=32, group_size=64)
+        m4 = tiny_decoder(quantize="int4", max_seq_len=32, group_size=32)
+        assert _rel(m4.forward(ids), full.forward(ids)) < 0.5
+        assert len(m4.generate([1, 2, 3], 4)[0]) == 4
     else:
         with pytest.raises(NotImplementedError, match="quantize_weight"):
             tiny_decoder(quantize="int8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import warnings
 from typing import Any, Optional, Union
 
 import torch
@@ -65,8 +66,15 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
             return None
         return tensors.pop(name)
 
-    def project(w: torch.Tensor) -> Any:
-        return w if quantize is None else ops.quantize_weight(w, _QUANT_BITS[quantize], group_size)
+    kept_dense: list[str] = []
+
+    def project(w: torch.Tensor, name: str) -> Any:
+        if quantize is None:
+            return w
+        if w.shape[1] % group_size:         # opforge never pads K; such a weight stays dense
+            kept_dense.append(name)
+            return w
+        return ops.quantize_weight(w, _QUANT_BITS[quantize], group_size)
 
     layers = []
     for i in range(config.num_layers):
@@ -77,10 +85,11 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
             raise UnsupportedModelError(f"layer {i}: bias on some of q/k/v projections only")
         gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
         layers.append(Layer(
-            attn_norm=take(p + "input_layernorm.weight"), qkv=project(qkv),
+            attn_norm=take(p + "input_layernorm.weight"), qkv=project(qkv, p + "qkv"),
             qkv_bias=torch.cat(biases) if biases[0] is not None else None,
-            o=project(take(p + "self_attn.o_proj.weight")), mlp_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=project(gate_up), down=project(take(p + "mlp.down_proj.weight")),
+            o=project(take(p + "self_attn.o_proj.weight"), p + "o"), mlp_norm=take(p + "post_attention_layernorm.weight"),
+            gate_up=project(gate_up, p + "gate_up"),
+            down=project(take(p + "mlp.down_proj.weight"), p + "down"),
             q_norm=take(p + "self_attn.q_norm.weight") if config.qk_norm else None,
             k_norm=take(p + "self_attn.k_norm.weight") if config.qk_norm else None))
         for n in ("o", ):
@@ -97,5 +106,10 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     if config.sliding_window is not None and config.sliding_window < max_seq_len:
         raise UnsupportedModelError(f"sliding_window={config.sliding_window} < max_seq_len={max_seq_len}: "
                                     "sliding-window attention is not supported; lower max_seq_len")
-    return Decoder(config, embed, layers, norm, lm_head, max_seq_len=max_seq_len, max_batch=max_batch,
-                   device=device, dtype=dtype)
+    if kept_dense:
+        warnings.warn(f"quantize={quantize!r}: {len(kept_dense)} weights whose input dimension group_size="
+                      f"{group_size} does not divide stay dense ({', '.join(kept_dense[:4])}...)", stacklevel=2)
+    model = Decoder(config, embed, layers, norm, lm_head, max_seq_len=max_seq_len, max_batch=max_batch,
+                    device=device, dtype=dtype)
+    model.quantize = quantize
+    return model
