@@ -48,6 +48,8 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
         config = parse_config(json.load(f))
     if quantize is not None and quantize not in _QUANT_BITS:
         raise ValueError(f"quantize must be None, 'int8' or 'int4', got {quantize!r}")
+    if quantize is not None and not ops.have("quantize_weight"):
+        ops.quantize_weight(torch.zeros(1, group_size), _QUANT_BITS[quantize], group_size)   # raises, naming it
     dc = device_config(device)
     device = torch.device(dc.device)
     dtype = dtype or dc.dtype
