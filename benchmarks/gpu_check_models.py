@@ -164,6 +164,22 @@ def main() -> int:
               "" if a == singles else "bf16 batched matmuls may round differently; compare logits")
     guarded("graphs vs eager", graphs_vs_eager)
 
+    def replay_vs_eager_step() -> None:
+        from opforge.models.generate import _GraphStep
+        for ctx in (1, 100, prompt_len + 7, prefill_len - 1):
+            ids = long_prompt[:, :ctx]
+            model.prefill(ids, torch.tensor([ctx]))
+            token = long_prompt[:, ctx].to(device)
+            seqlens = model.cache_seqlens[:1]
+            eager = model.decode_step(token, seqlens).clone()
+            replayed = _GraphStep(model, 1)(token).clone()      # captured at this cache length, replayed
+            model._graphs.clear()
+            err = rel(replayed, eager)
+            check(f"graph replay == eager decode step, cache length {ctx}", err <= 1e-3,
+                  f"bitwise equal: {torch.equal(replayed, eager)}, rel err {err:.2e}")
+    if device.type == "cuda":
+        guarded("replay vs eager step", replay_vs_eager_step)
+
     def prefill_decode_vs_forward() -> None:
         ids = long_prompt[:, :64]
         full = model.forward(ids)[0].float()

@@ -229,3 +229,16 @@ def test_graph_replay_equals_eager_generation():
     m = tiny_decoder(device="cuda", dtype=torch.float32, max_batch=2)
     prompts = [[1, 2, 3, 4, 5], [6, 7]]
     assert m.generate(prompts, 20, graphs=True) == m.generate(prompts, 20, graphs=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("ctx", [1, 37, 100])
+def test_graph_replay_equals_eager_step(ctx):
+    from opforge.models.generate import _GraphStep
+    m = tiny_decoder(device="cuda", dtype=torch.bfloat16, max_batch=1)
+    ids = torch.randint(0, 64, (1, ctx + 1), generator=torch.Generator().manual_seed(ctx))
+    m.prefill(ids[:, :ctx], torch.tensor([ctx]))
+    token = ids[:, ctx].cuda()
+    eager = m.decode_step(token, m.cache_seqlens[:1]).clone()
+    assert torch.equal(_GraphStep(m, 1)(token), eager)
