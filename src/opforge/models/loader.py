@@ -46,6 +46,9 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     path = os.fspath(path)
     with open(os.path.join(path, "config.json")) as f:
         config = parse_config(json.load(f))
+    if config.sliding_window is not None and config.sliding_window < max_seq_len:
+        raise UnsupportedModelError(f"sliding_window={config.sliding_window} < max_seq_len={max_seq_len}: "
+                                    "sliding-window attention is not supported; lower max_seq_len")
     if quantize is not None and quantize not in _QUANT_BITS:
         raise ValueError(f"quantize must be None, 'int8' or 'int4', got {quantize!r}")
     if quantize is not None and not ops.have("quantize_weight"):
@@ -89,25 +92,20 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
         layers.append(Layer(
             attn_norm=take(p + "input_layernorm.weight"), qkv=project(qkv, p + "qkv"),
             qkv_bias=torch.cat(biases) if biases[0] is not None else None,
-            o=project(take(p + "self_attn.o_proj.weight"), p + "o"), mlp_norm=take(p + "post_attention_layernorm.weight"),
+            o=project(take(p + "self_attn.o_proj.weight"), p + "o"),
+            mlp_norm=take(p + "post_attention_layernorm.weight"),
             gate_up=project(gate_up, p + "gate_up"),
             down=project(take(p + "mlp.down_proj.weight"), p + "down"),
             q_norm=take(p + "self_attn.q_norm.weight") if config.qk_norm else None,
             k_norm=take(p + "self_attn.k_norm.weight") if config.qk_norm else None))
-        for n in ("o", ):
-            if take(p + f"self_attn.{n}_proj.bias", required=False) is not None:
-                raise UnsupportedModelError(f"layer {i}: bias on o_proj is not supported")
     embed = take("embed_tokens.weight")
     head = take("lm_head.weight", required=not config.tie_word_embeddings)
     lm_head = embed if head is None else head
     norm = take("norm.weight")
-    leftover = sorted(k for k in tensors if not k.endswith("rotary_emb.inv_freq"))
+    leftover = sorted(k for k in tensors if not k.endswith("rotary_emb.inv_freq"))   # o_proj/mlp biases land here
     if leftover:
         raise UnsupportedModelError(f"weights this decoder does not use (a different architecture?): "
                                     f"{', '.join(leftover[:8])}{' ...' if len(leftover) > 8 else ''}")
-    if config.sliding_window is not None and config.sliding_window < max_seq_len:
-        raise UnsupportedModelError(f"sliding_window={config.sliding_window} < max_seq_len={max_seq_len}: "
-                                    "sliding-window attention is not supported; lower max_seq_len")
     if kept_dense:
         warnings.warn(f"quantize={quantize!r}: {len(kept_dense)} weights whose input dimension group_size="
                       f"{group_size} does not divide stay dense ({', '.join(kept_dense[:4])}...)", stacklevel=2)

@@ -53,7 +53,8 @@ def have(name: str) -> bool:
 
 
 # bridge: causal attention aligned to the end, GQA by repeating k/v heads.
-def _attention_bridge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float]) -> torch.Tensor:
+def _attention_bridge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                      scale: Optional[float]) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     scores = (q.float() @ k.float().transpose(-1, -2)) * (scale or 1.0 / math.sqrt(q.shape[-1]))
