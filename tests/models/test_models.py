@@ -242,3 +242,24 @@ def test_graph_replay_equals_eager_step(ctx):
     token = ids[:, ctx].cuda()
     eager = m.decode_step(token, m.cache_seqlens[:1]).clone()
     assert torch.equal(_GraphStep(m, 1)(token), eager)
+
+
+_NATIVE = ("attention", "decode_attention", "rotary_embedding", "kv_cache_append")
+
+
+@pytest.mark.skipif(not all(opforge.models.ops.have(n) for n in _NATIVE) or not torch.cuda.is_available()
+                    and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs the attention/rotary ops merged, and a GPU or Triton's interpreter")
+def test_triton_kernels_compose_with_the_decoder_layouts():
+    """The Triton kernels (interpreter on CPU) on the decoder's strided views equal the torch path."""
+    m = tiny_decoder(max_seq_len=32, max_batch=2, device="cuda" if torch.cuda.is_available() else "cpu")
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    with opforge.backend("torch"):
+        ref, ref_tokens = m.forward(ids), m.generate(prompts, 4, graphs=False)
+    with opforge.backend("triton"), opforge.trace() as t:
+        got, tokens = m.forward(ids), m.generate(prompts, 4, graphs=False)
+    assert _rel(got, ref) < 1e-5
+    assert tokens == ref_tokens
+    ran = {e.op for e in t if e.backend == "triton"}
+    assert set(_NATIVE) | {"rms_norm", "add_rms_norm", "swiglu"} <= ran, ran
