@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -157,11 +158,33 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
             sync()
             stats.capture_s = time.perf_counter() - t1
         t2 = time.perf_counter()
-        while not all(done):
-            logits = step(tokens)
-            seqlens.add_(1)
-            tokens = sample(logits, temperature, top_k, top_p, generator)
-            emit(tokens)
+        on_gpu = model.device.type == "cuda"
+        buffers = [torch.empty(b, dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
+        queue: deque = deque()          # launched steps whose tokens the host has not read yet
+        steps = 1                       # tokens produced per sequence so far (the prefill's)
+        while True:
+            # Step k+1 is launched before the host reads step k's tokens, so the GPU does not wait
+            # on the host's stop/stream bookkeeping. A step launched after a sequence stopped is
+            # ignored by emit; it stays inside the cache (prompt + max_new_tokens <= max_seq_len).
+            if steps < max_new_tokens and not all(done):
+                logits = step(tokens)
+                seqlens.add_(1)
+                tokens = sample(logits, temperature, top_k, top_p, generator)
+                buffer = buffers[steps % 2]
+                buffer.copy_(tokens, non_blocking=on_gpu)
+                copied = torch.cuda.Event() if on_gpu else None
+                if copied is not None:
+                    copied.record()
+                queue.append((buffer, copied))
+                steps += 1
+                if len(queue) < 2:
+                    continue
+            if not queue:
+                break
+            buffer, copied = queue.popleft()
+            if copied is not None:
+                copied.synchronize()
+            emit(buffer)
         sync()
         stats.decode_s = time.perf_counter() - t2
         stats.new_tokens = sum(len(o) for o in out) - b
