@@ -97,9 +97,13 @@ def graph_us(fns: list[Callable[[], Any]], calls: int = GRAPH_CALLS, rep: int = 
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
+    before = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fns[i % len(fns)]()
+    finally:   # a failed capture_end leaves torch.cuda.graph's capture stream current
+        torch.cuda.set_stream(before)
     graph.replay()
     torch.cuda.synchronize()
     from triton.testing import do_bench
@@ -404,27 +408,28 @@ DECODE_SWEEP_SHAPES = [(1, 32, 8, 1024), (1, 8, 1, 8192), (32, 8, 1, 1024), (8, 
 DECODE_SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def sweep(budget: float, copy_gbs: float) -> list[dict]:
+def sweep(budget: float, copy_gbs: float, smoke: bool = False) -> list[dict]:
     """Time alternative prefill tiles (D=128) and decode split counts (default tiles, GPU time from
     CUDA graphs of 20 calls): opforge's internals, launch_prefill / launch_decode overrides.
     Decode runs first (it is quick); each prefill shape stops when the budget is spent."""
     from opforge.ops.attention.problem import prepare_attention
     rows: list[dict] = []
     decode_deadline = elapsed() + 0.45 * max(0.0, budget - elapsed())
-    for b, hq, hkv, ctx in DECODE_SWEEP_SHAPES:
+    d = 16 if smoke else 128
+    for b, hq, hkv, ctx in ([(1, 4, 2, 256)] if smoke else DECODE_SWEEP_SHAPES):
         if elapsed() > decode_deadline:
             break
         try:
-            q = torch.randn(b, hq, 1, 128, device=DEV, dtype=torch.bfloat16)
-            kvs = _kv_copies(b, hkv, ctx, 128)
+            q = torch.randn(b, hq, 1, d, device=DEV, dtype=torch.bfloat16)
+            kvs = _kv_copies(b, hkv, ctx, d)
             lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
             calls = [prepare_decode(q, kc, vc, lens, None) for kc, vc in kvs]
         except Exception as exc:
             rows.append({"kind": "decode", "B": b, "Hq": hq, "Hkv": hkv, "ctx": ctx, "error": str(exc)[:100]})
             print("sweep", rows[-1], flush=True)
             continue
-        nbytes = 2 * b * hkv * ctx * 128 * 2 + 2 * q.numel() * 2
-        default_splits = tk.decode_splits(b, hkv, 1, ctx, tk._sms(q), 64)[0]
+        nbytes = 2 * b * hkv * ctx * d * 2 + 2 * q.numel() * 2
+        default_splits = tk.decode_splits(b, hkv, 1, ctx, tk._sms(q), tk.decode_config(d, 2, hq // hkv)[1])[0]
         for splits in DECODE_SWEEP_SPLITS:
             if ctx // splits < 64 or elapsed() > decode_deadline:
                 continue
@@ -441,18 +446,18 @@ def sweep(budget: float, copy_gbs: float) -> list[dict]:
         if default_splits not in DECODE_SWEEP_SPLITS:
             print(f"sweep note: default splits for {b} {hq}/{hkv} {ctx} = {default_splits}", flush=True)
         del q, kvs, calls
-    for b, s, causal in PREFILL_SWEEP_SHAPES:
-        d, h = 128, 32
+    for b, s, causal in ([(1, 32, True)] if smoke else PREFILL_SWEEP_SHAPES):
+        h = 2 if smoke else 32
         if elapsed() > budget:
             break
         q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=torch.bfloat16) for _ in range(3))
         call = prepare_attention(q, k, v, causal, None)
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
-        for cfg in PREFILL_SWEEP:
+        for cfg in ([(16, 16, 1, 1), (32, 16, 1, 1)] if smoke else PREFILL_SWEEP):
             if elapsed() > budget:
                 break
             row = {"kind": "prefill", "B": b, "S": s, "D": d, "causal": causal, "cfg": cfg,
-                   "default": cfg == tk.prefill_config(d, 2)}
+                   "default": cfg == tk.prefill_config(d, 2, smoke)}
             try:
                 ms = bench_ms(lambda: tk.launch_prefill(call, *cfg), 30)
                 row["tflops"] = flops / ms / 1e9
@@ -506,7 +511,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     torch.manual_seed(0)
     if args.sweep:
         copy_gbs = measure_copy_gbs()
-        rows = sweep(elapsed() + args.budget, copy_gbs)
+        rows = sweep(elapsed() + args.budget, copy_gbs, smoke)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "attn_sweep.json"), "w") as f:
             json.dump({"device": str(opforge.device_info()), "copy_gbs": copy_gbs, "rows": rows}, f, indent=1)
