@@ -67,7 +67,8 @@ def decode(dtype: str, d: int, rows: int, cfg=None, direct: bool = False) -> str
             "po_ptr": "*fp32", "o_ptr": "*" + dtype}
     ints = ("lse_off", "hkv", "hq", "sq", "rows", "s_max", "split_len", "num_splits", "q_sb", "q_sh", "q_ss",
             "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss")
-    consts = dict(D=d, BLOCK_D=bd, BLOCK_R=br, BLOCK_N=bn, DOT_F32=False, IEEE=dtype == "fp32", DIRECT=direct)
+    consts = dict(D=d, BLOCK_D=bd, BLOCK_R=br, BLOCK_N=bn, DOT_F32=False, IEEE=dtype == "fp32", DIRECT=direct,
+                  PAD_D=bd != d)
     return f"{br}x{bn} w{warps} s{stages}: " + ptxas(compile_ptx(tk._decode_split_kernel, ptrs, ints, ("qk_scale",),
                                                                  consts, warps, stages))
 

@@ -149,7 +149,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, hkv, hq, sq, rows, s_max,
                          split_len, num_splits, qk_scale, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                         DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
+                         DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, PAD_D: tl.constexpr):
     # DIRECT (one split): write the final output, no partials and no merge kernel. The partials'
     # log-sum-exps follow their outputs in one float32 scratch: po_ptr + lse_off.
     bk = tl.program_id(0)
@@ -188,8 +188,13 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, 
         m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-        # row i sees keys j <= seqlen - Sq + i: in the prefill helper's terms, shift = seqlen - Sq
-        for start_n in range(start, end, BLOCK_N):
+        # row i sees keys j <= seqlen - Sq + i: in the prefill helper's terms, shift = seqlen - Sq.
+        # Whole tiles below every row's limit (keys < seqlen - Sq + 1) run without masks.
+        full = start + tl.maximum(tl.minimum(end, seqlen - sq + 1) - start, 0) // BLOCK_N * BLOCK_N
+        for start_n in range(start, full, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, i, offs_n, offs_d,
+                                         d_ok, end, seqlen - sq, qk_scale, False, True, PAD_D, DOT_F32, IEEE, False)
+        for start_n in range(full, end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, i, offs_n, offs_d,
                                          d_ok, end, seqlen - sq, qk_scale, True, True, True, DOT_F32, IEEE, False)
         seen = l_i > 0.0
@@ -365,7 +370,7 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     tensors = (q, k, v, lens, part, out)
     ints = (lse_off, p.kv_heads, p.q_heads, p.q_len, rows, p.kv_len, split_len, splits, *q.stride()[:3],
             *k.stride()[:3], *v.stride()[:3])
-    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct)
+    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim)
     # what Triton specializes on (dtypes, 16-byte alignment, each int's class, constexprs): computing
     # the generic key over 30 arguments costs more host time than the kernel takes at short contexts
     key = (q.get_device(), q.dtype, lens.dtype, part.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
