@@ -11,8 +11,14 @@ against torch eager's for every op with a Triton kernel.
 
     PYTHONPATH=src python3 benchmarks/gpu_check_plans.py            # ~40-80 s on an H100
     PYTHONPATH=src python3 benchmarks/gpu_check_plans.py --cpu-smoke  # interpreter, tiny, no plans
+    PYTHONPATH=src python3 benchmarks/gpu_check_plans.py --cuda-launch  # plans through ctypes cuLaunchKernel
 
-Writes ``$OUT/gpu_check_plans.json`` (``OUT`` defaults to ./gpu-out).
+``--cuda-launch`` runs the same checks and table with the experimental ``runtime.cuda_launch``
+(off by default, never run on a GPU before): its ``plans_on`` column is then that launcher.
+Run it as a separate command, after the plain one: a wrong parameter layout would fault.
+
+Writes ``$OUT/gpu_check_plans.json`` (``..._cuda_launch.json`` with ``--cuda-launch``; ``OUT``
+defaults to ./gpu-out).
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ import opforge  # noqa: E402
 from opforge.ops.activation import problem as act_problem, reference as act_ref  # noqa: E402
 from opforge.ops.norm import problem as norm_problem, reference as norm_ref  # noqa: E402
 from opforge.ops.softmax import problem as sm_problem, reference as sm_ref  # noqa: E402
-from opforge.runtime import alloc, launch, plans  # noqa: E402
+from opforge.runtime import alloc, cuda_launch, launch, plans  # noqa: E402
 from opforge.testing import TOLERANCE, max_rel_error  # noqa: E402
 
 SHAPES = [(2, 32, 256), (8, 128, 768), (1, 1, 4096), (1, 1, 8192)]
@@ -203,6 +209,7 @@ def wall(fns: dict, dev, calls: int, rounds: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes under the interpreter (no plans)")
+    ap.add_argument("--cuda-launch", action="store_true", help="plans launch through ctypes cuLaunchKernel")
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
@@ -215,10 +222,11 @@ def main() -> None:
     out_dir = os.environ.get("OUT", "./gpu-out")
     os.makedirs(out_dir, exist_ok=True)
     t_start = time.time()
+    cuda_launch.set_enabled(args.cuda_launch)
     previous = plans.set_enabled(True)
     result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
               "plans_default": plans.DEFAULT_ENABLED, "checking_keys": plans._CHECKING_KEYS,
-              "calls": calls, "rounds": rounds, "checks": [], "timing": []}
+              "calls": calls, "rounds": rounds, "cuda_launch": args.cuda_launch, "checks": [], "timing": []}
     try:
         import triton
         result["triton"] = triton.__version__
@@ -248,12 +256,16 @@ def main() -> None:
         from opforge.ops.softmax import triton_kernels as smk
         compiled = [v for v in smk._tile._compiled.values() if v]
         c_direct = bool(compiled) and launch.c_launch(compiled[0][2]) is not None
+        if args.cuda_launch:
+            kernels = list(smk._tile._kernels.values())
+            result["cuda_launch_applies"] = bool(kernels) and cuda_launch.launcher_for(kernels[0]) is not None
+            print(f"cuda_launch applies to softmax's tile kernel: {result['cuda_launch_applies']}")
     except Exception:  # noqa: BLE001
-        pass
+        traceback.print_exc()
     result["c_launch_direct"] = c_direct
 
     print(f"\n== wall time per call, us (median of {rounds} interleaved loops of {calls}; "
-          f"plans call the C launch directly: {c_direct})")
+          f"plans call the C launch directly: {c_direct}; through ctypes cuLaunchKernel: {args.cuda_launch})")
     on, off = (lambda: _set_plans(True)), (lambda: _set_plans(False))
     for case in cases():
         for shape in shapes:
@@ -288,7 +300,7 @@ def main() -> None:
     passed = sum(1 for r in result["checks"] if r["status"] == "PASS")
     print(f"\nchecks {passed}/{len(result['checks'])} PASS, race {result['race']['status']}; "
           f"plans on <= eager in {met}/{len(result['timing'])} cells; {result['seconds']} s")
-    path = os.path.join(out_dir, "gpu_check_plans.json")
+    path = os.path.join(out_dir, "gpu_check_plans_cuda_launch.json" if args.cuda_launch else "gpu_check_plans.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)
     print(f"wrote {path}")
