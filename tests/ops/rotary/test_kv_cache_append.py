@@ -102,7 +102,7 @@ def test_empty_append_is_a_no_op_and_trace():
         opforge.kv_cache_append(kc, vc, k, v, torch.tensor([0, 1], device=DEVICE))
     assert len(t) == 1 and t[0].op == "kv_cache_append"
     assert "k/v cache float32 D=8" in str(opforge.explain("kv_cache_append", kc, vc, k, v,
-                                                             torch.tensor([0, 1]), check=False))
+                                                             torch.tensor([0, 1], device=DEVICE), check=False))
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA")

@@ -29,10 +29,10 @@ def test_layouts_and_position_shapes(backend, layout, positions):
 
 def test_known_rotation_values():
     # position 1 of a table rotating pair 0 by 90 degrees and pair 1 by 180 degrees
-    cos = torch.tensor([[1.0, 1.0], [0.0, -1.0]])
-    sin = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
-    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]).view(1, 1, 1, 5)
-    pos = torch.tensor([1])
+    cos = torch.tensor([[1.0, 1.0], [0.0, -1.0]], device=DEVICE)
+    sin = torch.tensor([[0.0, 0.0], [1.0, 0.0]], device=DEVICE)
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], device=DEVICE).view(1, 1, 1, 5)
+    pos = torch.tensor([1], device=DEVICE)
     for backend in BACKENDS:
         with opforge.backend(backend):
             half, _ = opforge.rotary_embedding(x.clone(), x.clone(), cos, sin, pos)
@@ -82,7 +82,7 @@ def test_out_of_range_position_kernel_writes_zeros():
     from opforge.ops.rotary import triton_kernels
     from opforge.ops.rotary.problem import RotaryCall, prepare_rotary
 
-    q, k, cos, sin, pos = cases.make_rotary_inputs(1, 2, 1, 3, 8, 4, torch.float32, "cpu", max_positions=10)
+    q, k, cos, sin, pos = cases.make_rotary_inputs(1, 2, 1, 3, 8, 4, torch.float32, DEVICE, max_positions=10)
     call = prepare_rotary(q, k, cos, sin, pos)
     bad = pos.clone()
     bad[0, 1] = 10

@@ -60,7 +60,7 @@ def test_unchecked_kernel_skips_out_of_range_cache_positions():
     from opforge.ops.rotary.problem import prepare_fused
 
     case = cases.make_fused_case((2, 2, 1, 3, 6, 8), torch.float32, positions=True)
-    args, kwargs = case.make("cpu")
+    args, kwargs = case.make(DEVICE)
     q, k, v, kc, vc, lens, cos, sin, kc0, vc0 = args
     lens[0] = 4           # positions 4, 5 fit, 6 does not
     q_rot = triton_kernels.launch_fused(prepare_fused(q, k, v, kc, vc, lens, cos, sin, kwargs["positions"]))
