@@ -12,12 +12,14 @@ import torch
 from ...runtime import dispatch
 from . import reference
 from .problem import (OPS, AppendCall, FusedCall, RotaryCall, append_signature, check_append_range,
-                      check_table_range, prepare_append, prepare_fused, prepare_rotary, rotary_signature)
+                      check_table_range, fused_signature, prepare_append, prepare_fused, prepare_rotary,
+                      rotary_signature)
 
 # Signatures of calls that passed validation, with their problems: a later call with the same
 # signature skips validation (its outcome is decided by the signature; CPU value checks still run).
 _valid_rotary: dict[tuple, object] = {}
 _valid_append: dict[tuple, object] = {}
+_valid_fused: dict[tuple, tuple] = {}
 
 
 def _remember(cache: dict, sig, problem) -> None:
@@ -196,16 +198,30 @@ def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         >>> torch.allclose(q_rot, q2) and torch.allclose(kc[:, :, 3:5], k2) and torch.equal(vc[:, :, 3:5], v)
         True
     """
-    call = prepare_fused(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved, inplace)
-    if k.numel() == 0 and q.numel() == 0:
-        return q if inplace else torch.empty_like(q)
+    sig = fused_signature(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved, inplace)
+    problems = _valid_fused.get(sig) if sig is not None else None
+    if problems is not None and type(interleaved) is bool and type(inplace) is bool:
+        call = FusedCall(RotaryCall(problems[0], q, k, cos, sin, positions, inplace),
+                         AppendCall(problems[1], k_cache, v_cache, k, v, cache_seqlens), sig)
+        if problems[0].device_type == "cpu" and positions is not None:
+            check_table_range(positions, cos.shape[0])
+    else:
+        problems = None
+        call = prepare_fused(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved, inplace)
+        if k.numel() == 0 and q.numel() == 0:
+            return q if inplace else torch.empty_like(q)
+        call.sig = sig
+    device_type = call.problem.device_type
     if check is None:
-        check = k_cache.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
-    if check or k_cache.device.type == "cpu":
+        check = device_type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    if check or device_type == "cpu":
         check_append_range(call.app)
         if positions is None and k.shape[2]:
             check_table_range(cache_seqlens.to("cpu", torch.int64) + k.shape[2] - 1, cos.shape[0])
-    return dispatch.run("rotary_kv_cache_append", call, q)
+    out = dispatch.run("rotary_kv_cache_append", call, q)
+    if problems is None:
+        _remember(_valid_fused, sig, (call.rot.problem, call.app.problem))
+    return out
 
 
 _register()

@@ -246,10 +246,10 @@ def check_append_range(call: AppendCall) -> None:
 class FusedCall:
     """A validated rotary_kv_cache_append call: the rotary part and the append part."""
 
-    __slots__ = ("problem", "rot", "app", "note")
+    __slots__ = ("problem", "rot", "app", "note", "sig")
 
-    def __init__(self, rot: RotaryCall, app: AppendCall):
-        self.problem, self.rot, self.app, self.note = rot.problem, rot, app, ""
+    def __init__(self, rot: RotaryCall, app: AppendCall, sig=None):
+        self.problem, self.rot, self.app, self.note, self.sig = rot.problem, rot, app, "", sig
 
     def positions(self) -> torch.Tensor:
         """The rotation positions: the given ones, or ``cache_seqlens[b] + s`` (a device op, no sync)."""
@@ -258,6 +258,33 @@ class FusedCall:
         lens = self.app.cache_seqlens
         s = self.rot.q.shape[2]
         return lens.view(-1, 1) + torch.arange(s, device=lens.device, dtype=lens.dtype).view(1, s)
+
+
+class _NoPositions:
+    """Stands for ``positions=None`` in a signature."""
+
+    shape = dtype = device = None
+
+    def stride(self) -> None:
+        return None
+
+
+_NO_POSITIONS = _NoPositions()
+
+
+def fused_signature(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved,
+                    inplace) -> Optional[tuple]:
+    """As ``rotary_signature``, for rotary_kv_cache_append (``positions`` may be None).
+
+    Example:
+        >>> import torch
+        >>> x, c, t = torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 4, 8), torch.zeros(4, 4)
+        >>> fused_signature(x, x, x, c, c, torch.zeros(1, dtype=torch.int32), t, t, None, False, False) is None
+        False
+    """
+    rot = rotary_signature(q, k, cos, sin, _NO_POSITIONS if positions is None else positions, interleaved, inplace)
+    app = append_signature(k_cache, v_cache, k, v, cache_seqlens)
+    return None if rot is None or app is None else rot + app
 
 
 def prepare_fused(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions=None,

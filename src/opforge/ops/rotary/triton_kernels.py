@@ -29,6 +29,7 @@ from .problem import AppendCall, FusedCall, RotaryCall, RotaryProblem
 from ...runtime import alloc
 
 TILE = 4096          # elements per (heads x features) tile of one program
+NUM_WARPS: Optional[int] = None   # None: from the tile size; an int overrides it (tuning sweeps)
 MAX_HEAD_DIM = 16384
 
 
@@ -176,7 +177,7 @@ def _rotary_plan(call: RotaryCall, qo, ko) -> tuple:
     hbq, hbk = _heads_per_group(hq, width), _heads_per_group(hkv, width)
     q_groups, k_groups = cdiv(hq, hbq), cdiv(hkv, hbk)
     spb, sps = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
-    warps = max(1, min(8, max(hbq, hbk) * width // 512))
+    warps = NUM_WARPS or max(1, min(8, max(hbq, hbk) * width // 512))
     ints = (s, hq, hkv, half, d, cos.shape[0], spb, sps, cos.stride(0), sin.stride(0), *q.stride()[:3],
             *qo.stride()[:3], *k.stride()[:3], *ko.stride()[:3], q_groups)
     consts = (hbq, hbk, half_p, tail_p, p.interleaved, copy_tail)
@@ -248,13 +249,12 @@ def launch_kv_append(call: AppendCall) -> None:
 _rotary_append = TritonLauncher(_rotary_append_kernel)
 
 
-def launch_fused(call: FusedCall):
+def _fused_plan(call: FusedCall, qo) -> tuple:
     p = call.problem
     rot, app = call.rot, call.app
     q, k, v, kc, vc, lens = rot.q, rot.k, app.v, app.k_cache, app.v_cache, app.cache_seqlens
     cos, sin = rot.cos, rot.sin
     pos = rot.positions if rot.positions is not None else lens   # unused when taken from lens
-    qo = q if rot.inplace else alloc.empty_packed_like(q)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     half = p.rotary_dim // 2
@@ -271,14 +271,25 @@ def launch_fused(call: FusedCall):
     else:
         spb, sps = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
     warps = max(1, min(8, max(hbq * width, hbk * d_p) // 512))
-    tensors = (q, k, v, qo, kc, vc, cos, sin, pos, lens)
     ints = (s, hq, hkv, half, d, cos.shape[0], kc.shape[2], spb, sps, lens.stride(0), cos.stride(0), sin.stride(0),
             *q.stride()[:3], *qo.stride()[:3], *k.stride()[:3], *v.stride()[:3], *kc.stride()[:3],
             *vc.stride()[:3], q_groups, k_groups)
     consts = (hbq, hbk, half_p, tail_p, d_p, p.interleaved, q_tail, k_tail, rot.positions is None)
-    key = (q.get_device(), q.dtype, pos.dtype, lens.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
-        tuple(map(int_spec, ints)) + consts + (warps,)
-    _rotary_append((b * s, q_groups + 2 * k_groups), tensors + ints + consts, num_warps=warps, key=key)
+    key0 = (q.get_device(), q.dtype, pos.dtype, lens.dtype) + tuple(map(int_spec, ints)) + consts + (warps,)
+    return (b * s, q_groups + 2 * k_groups), list(ints + consts), key0, warps, q.get_device()
+
+
+def launch_fused(call: FusedCall):
+    rot, app = call.rot, call.app
+    q = rot.q
+    qo = q if rot.inplace else alloc.empty_packed_like(q)
+    sig = call.sig
+    plan = _plans.get(("fused", sig)) if sig is not None else None
+    if plan is None:
+        plan = _keep("fused", sig, _fused_plan(call, qo))
+    pos = rot.positions if rot.positions is not None else app.cache_seqlens
+    _launch(_rotary_append, plan, (q, rot.k, app.v, qo, app.k_cache, app.v_cache, rot.cos, rot.sin, pos,
+                                   app.cache_seqlens))
     return qo
 
 
