@@ -355,8 +355,10 @@ def section_rotary(copy_gbs: float) -> None:
 
 
 def section_rotary_sweep(copy_gbs: float) -> None:
-    """Rotary prefill (B=1, S=4096, bf16): heads-tile size x num_warps, new outputs and in place.
-    The default is TILE=4096 with num_warps from the tile (4 here)."""
+    """Rotary prefill (B=1, S=4096, bf16, D=R=128): heads per program x num_warps, new outputs and
+    in place. The default is TILE=4096 (TILE // 64 pairs = all 32 q heads, all 8 k heads per
+    program) with num_warps from the tile (4 here); TILE=1024 gives 16 q heads per program,
+    512 gives 8."""
     from opforge.ops.rotary import triton_kernels as rtk
     b, hq, hkv, s, d = (1, 4, 2, 8, 16) if SMOKE else (1, 32, 8, 4096, 128)
     q, k, cos, sin, pos = rot_cases.make_rotary_inputs(b, hq, hkv, s, d, d, torch.bfloat16, DEV, "packed",
@@ -365,7 +367,7 @@ def section_rotary_sweep(copy_gbs: float) -> None:
     label = f"prefill B={b} S={s} bfloat16"
     tile0, warps0 = rtk.TILE, rtk.NUM_WARPS
     try:
-        for tile, warps in ((2048, 4), (4096, 8), (8192, 8), (2048, 2), (1024, 2)):
+        for tile, warps in ((4096, 2), (4096, 8), (1024, 2), (1024, 4), (512, 2)):
             rtk.TILE, rtk.NUM_WARPS = tile, warps
             rtk._plans.clear()
             for inplace in (False, True):
