@@ -20,10 +20,14 @@ from .nn.quant import quantize_model
 from .ops.rotary import kv_cache_append, rotary_embedding, rotary_kv_cache_append
 from .ops.softmax import log_softmax, softmax
 from .runtime.device import DeviceInfo, device_info
+from .runtime.device_config import DeviceConfig, device_config
 from .runtime.errors import NoKernelError
 from .runtime.policy import FallbackWarning, backend, strict
 from .runtime.registry import explain
 from .runtime.trace import trace
+
+from . import models  # noqa: E402  (after the ops it builds on)
+from .models.patch import patch  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -34,6 +38,7 @@ __all__ = [
     "attention", "decode_attention",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "FallbackWarning", "nn",
+    "device_config", "DeviceConfig", "models", "patch",
     "fuse", "FusionError", "UnfusableError",
     "load_safetensors", "save_safetensors", "SafetensorsError",
     "QuantizedWeight", "quantize_weight", "linear", "quantize_model",

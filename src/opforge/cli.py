@@ -14,6 +14,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         >>> main(["info"])   # doctest: +SKIP
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "generate":
+        from .models.cli import main as generate_main
+        return generate_main(argv[1:])
     if argv and argv[0] == "bench":
         from .bench.cli import main as bench_main
         return bench_main(argv[1:])
@@ -24,6 +27,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     verify.add_argument("--ops", help="comma-separated op names (default: all)")
     verify.add_argument("--quick", action="store_true", help="fewer shapes")
     sub.add_parser("bench", help="benchmark opforge against its peers (see `opforge bench --help`)")
+    sub.add_parser("generate", help="generate text with a Llama-family checkpoint (see `opforge generate --help`)")
     args = parser.parse_args(argv)
     if args.command == "info":
         from .verify import print_info

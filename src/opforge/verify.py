@@ -40,11 +40,19 @@ def print_info() -> int:
     dtype = _device_type()
     info = device_info()
     print(f"device:   {info}")
+    print(f"config:   {device_config_line()}")
     for name in ("triton", "metal", "torch"):
         reason = backends.unavailable_reason(name, dtype)
         print(f"{name:8s}  {'available' if reason is None else 'unavailable: ' + reason}")
     print(f"torch {torch.__version__}" + (f", triton {_triton_version()}" if _triton_version() else ""))
     return 0
+
+
+def device_config_line() -> str:
+    """``opforge.device_config()`` in one line, with the measured copy bandwidth on a GPU."""
+    from .runtime.device_config import device_config
+    cfg = device_config()
+    return str(cfg) + (f", copy {cfg.copy_bandwidth_gbs:.0f} GB/s" if cfg.kind != "cpu" else "")
 
 
 def _triton_version() -> Optional[str]:
@@ -62,7 +70,13 @@ def _needs_interpreter_reexec() -> bool:
 
 
 def run_verify(ops: Optional[Sequence[str]] = None, quick: bool = False) -> int:
-    """Check every op on every available backend; print a table; return 1 on any failure."""
+    """Check every op on every available backend; print a table; return 1 on any failure (2 for
+    an unknown op name)."""
+    unknown = sorted(set(ops or ()) - set(registry.ops()))
+    if unknown:
+        print(f"opforge verify: unknown op {', '.join(unknown)}; known ops: {', '.join(registry.ops())}",
+              file=sys.stderr)
+        return 2
     emulate_metal = _device_type() == "cpu" and not backends.metal_emulating()
     if emulate_metal:
         from .runtime.metal import emulator_unavailable_reason

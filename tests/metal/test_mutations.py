@@ -98,3 +98,84 @@ def test_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
     for op, variant, n in checks:
         with pytest.raises((AssertionError, metal_emu.EmulatorError)):
             run(op, (3, n), torch.float32, variant=variant)
+
+
+# ---------------------------------------------------------------------------
+# attention.metal: a wrong causal-mask offset or a missed online-softmax rescale must fail the
+# float64 checks of tests/metal/test_attention_metal.py (the unmutated file passes them there
+# and in test_unmutated_attention_passes below).
+
+from opforge.ops.attention import metal as attn_metal  # noqa: E402
+
+import test_attention_metal as attn_checks  # noqa: E402
+
+ATTENTION_MUTANTS = [
+    ("prefill-mask-aligned-to-start", "attention_prefill", "const long shift = p.sk - p.sq;",
+     "const long shift = 0;", ("prefill",)),
+    ("prefill-mask-off-by-one", "attention_prefill", "key <= qi + shift", "key < qi + shift", ("prefill",)),
+    ("prefill-accumulator-not-rescaled", "attention_prefill", "simdgroup_multiply(acc[i], cf, acc[i]);", "",
+     ("prefill",)),
+    ("prefill-sum-not-rescaled", "attention_prefill", "row_l[r] * alpha", "row_l[r]", ("prefill",)),
+    ("prefill-barrier-before-staging-removed", "attention_prefill",
+     "threadgroup_barrier(mem_flags::mem_threadgroup);  // every simdgroup", "// every simdgroup", ("prefill",)),
+    ("prefill-barrier-after-staging-removed", "attention_prefill",
+     "threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    simdgroup_float8x8 s", "simdgroup_float8x8 s",
+     ("prefill",)),
+    ("decode-mask-off-by-one", "attention_decode", "len - p.sq + qi + 1", "len - p.sq + qi", ("decode",)),
+    ("decode-accumulator-not-rescaled", "attention_decode", "acc[i] *= alpha;", "", ("decode",)),
+    ("decode-sum-not-rescaled", "attention_decode", "l = l * alpha + simd_sum(e);", "l = l + simd_sum(e);",
+     ("decode",)),
+]
+
+
+def _attention_check(kind: str) -> None:
+    """Prefill (GQA, Sq < Sk, two tiles, every simdgroup with rows, several key blocks; run in
+    both scheduling orders) or decode (several splits, Sq = 4)."""
+    import metal_emu
+    torch.manual_seed(0)
+    if kind == "prefill":
+        q, k, v = torch.randn(1, 4, 37, 64), torch.randn(1, 2, 45, 64), torch.randn(1, 2, 45, 64)
+        ref = attn_checks.reference(q, k, v, True, 0.3)
+        for order in ("forward", "reverse"):
+            with metal_emu.schedule(order):
+                out = attn_metal.prefill(q, k, v, True, 0.3)
+            err = attn_checks.rel_err(out, ref)
+            assert err <= attn_checks.TOL[torch.float32], f"{kind} ({order}): rel err {err:.3e}"
+    else:
+        q, k, v = torch.randn(2, 4, 4, 64), torch.randn(2, 2, 80, 64), torch.randn(2, 2, 80, 64)
+        seqlens = torch.tensor([80, 37], dtype=torch.int32)
+        out = attn_metal.decode(q, k, v, seqlens, 0.3, n_split=2)
+        ref = attn_checks.reference(q, k, v, True, 0.3, seqlens)
+    err = attn_checks.rel_err(out, ref)
+    assert err <= attn_checks.TOL[torch.float32], f"{kind}: rel err {err:.3e}"
+
+
+def attention_cut_down(source: str) -> str:
+    """attention.metal with only the float32 kernels the checks use (D = 64), to build quickly."""
+    return source[:source.index("ATTENTION_KERNELS(float)\n")] + \
+        "ATTENTION_KERNELS(float)\nATTENTION_PREFILL_KERNEL(float, 64)\n"
+
+
+def _use_attention_source(tmp_path, monkeypatch, source: str) -> None:
+    path = tmp_path / "attention.metal"
+    path.write_text(source)
+    monkeypatch.setattr(attn_metal, "SOURCE", path)
+
+
+def test_unmutated_attention_passes(tmp_path, monkeypatch):
+    _use_attention_source(tmp_path, monkeypatch, attention_cut_down(attn_metal.SOURCE.read_text()))
+    _attention_check("prefill")
+    _attention_check("decode")
+
+
+@pytest.mark.parametrize("mutant", ATTENTION_MUTANTS, ids=[m[0] for m in ATTENTION_MUTANTS])
+def test_attention_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
+    import metal_emu
+    name, function, old, new, kinds = mutant
+    original = attention_cut_down(attn_metal.SOURCE.read_text())
+    source = mutate(original, function, old, new)
+    assert source != original
+    _use_attention_source(tmp_path, monkeypatch, source)
+    for kind in kinds:
+        with pytest.raises((AssertionError, metal_emu.EmulatorError)):
+            _attention_check(kind)

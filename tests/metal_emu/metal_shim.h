@@ -27,6 +27,7 @@
 typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned char uchar;
+typedef unsigned long ulong;
 typedef _Float16 half;
 
 struct bfloat {
@@ -205,6 +206,7 @@ EMU_VEC_TYPES(ushort, ushort)
 EMU_VEC_TYPES(char, char)
 EMU_VEC_TYPES(uchar, uchar)
 EMU_VEC_TYPES(long, long)
+EMU_VEC_TYPES(ulong, ulong)
 EMU_VEC_TYPES(bool, bool)
 #undef EMU_VEC_TYPES
 
@@ -217,6 +219,7 @@ using ::bfloat;
 using ::half;
 using ::uchar;
 using ::uint;
+using ::ulong;
 using ::ushort;
 
 namespace detail {
@@ -620,6 +623,231 @@ inline void simdgroup_barrier(mem_flags = mem_flags::mem_none, SL loc = SL::curr
   detail::collective(false, 0, &detail::apply_nothing, loc);
 }
 
+// ---------------------------------------------------------------------------
+// simdgroup_matrix<T, 8, 8>: 8x8 matrices held by the 32 lanes of a simdgroup.
+//
+// On the GPU each lane holds two elements of the matrix.  The emulator gives
+// every lane a full 64-element copy but treats only the lane's own two
+// elements as its data: every collective (load, store, multiply) assembles the
+// matrix from the owning lanes' copies and writes its result to every lane.
+// A lane can only change its own elements (through thread_elements()), so the
+// copies can never disagree where it matters.
+//
+// Lane ownership (what thread_elements() exposes): lane l holds row
+//   r = (q & 4) + (l / 2) % 4,   columns c = (q & 2) * 2 + (l % 2) * 2 and c + 1,
+// with q = l / 4.  That is the layout measured on Apple GPUs and published
+// with the reverse-engineered simdgroup_matrix internals (Philip Turner's
+// metal-flash-attention, after patent US11256518B2); Apple does not document
+// it, so here it is a model.  Nothing in opforge's kernels depends on it
+// except through thread_elements().
+//
+// Every operation is a collective of all 32 lanes: lanes reaching it at the
+// same call site take part, and if any lane of the simdgroup does not (it
+// diverged, returned, or the simdgroup has fewer than 32 lanes) the launch
+// fails with an error naming the call site.  All lanes must also pass the
+// same pointer, stride, origin and transpose flag (uniform arguments).
+//
+// Addressing (load and store alike): with base = src + origin.y * elements_per_row
+// + origin.x, element (r, c) of the matrix is base[r * elements_per_row + c], or
+// base[c * elements_per_row + r] with transpose.  Arithmetic is float32, each
+// product summed in k order, then rounded to the destination element type.
+
+template <class T, int C, int R>
+struct alignas(16) simdgroup_matrix {
+  static_assert(C == 8 && R == 8, "the emulator models 8x8 simdgroup matrices only");
+  T e[64];
+
+  simdgroup_matrix() { std::memset(static_cast<void*>(e), 0xFF, sizeof(e)); }  // poison
+  // MSL: a diagonal matrix with dval on the diagonal.
+  explicit simdgroup_matrix(T dval) {
+    for (int i = 0; i < 64; ++i) e[i] = (i / 8 == i % 8) ? dval : T(0);
+  }
+  static int owned_offset(uint32_t lane) {
+    const uint32_t q = lane / 4;
+    const uint32_t r = (q & 4) + (lane / 2) % 4;
+    const uint32_t c = (q & 2) * 2 + (lane % 2) * 2;
+    return static_cast<int>(r * 8 + c);
+  }
+  vec<T, 2>& thread_elements() {
+    return *reinterpret_cast<vec<T, 2>*>(&e[owned_offset(emu::this_lane().coords.thread_index_in_simdgroup)]);
+  }
+};
+
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
+
+template <class T, int C, int R>
+inline simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T value) {
+  simdgroup_matrix<T, C, R> m;
+  for (int i = 0; i < 64; ++i) m.e[i] = value;
+  return m;
+}
+
+namespace detail {
+
+// The error a collective reports; the first one wins.
+inline void sgm_error(emu::SimdCall** lanes, const char* what, const char* detail_text) {
+  const emu::SimdCall* any = nullptr;
+  for (uint32_t i = 0; i < emu::kSimdWidth && !any; ++i) any = lanes[i];
+  std::string msg = std::string(what) + " at " + any->file + ":" + std::to_string(any->line) + ": " + detail_text;
+  if (emu::tls_worker->error.empty()) emu::tls_worker->error = msg;
+}
+
+inline bool sgm_all_lanes(emu::SimdCall** lanes, const char* what) {
+  int n = 0;
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i) n += lanes[i] != nullptr;
+  if (n == static_cast<int>(emu::kSimdWidth)) return true;
+  std::string d = "only " + std::to_string(n) +
+                  " of 32 lanes of the simdgroup took part (simdgroup matrix operations need all 32 lanes; "
+                  "the others diverged, returned, or do not exist)";
+  sgm_error(lanes, what, d.c_str());
+  return false;
+}
+
+// The matrix as the lanes hold it: element (r, c) from the lane that owns it.
+template <class M>
+inline void sgm_gather(emu::SimdCall** lanes, const M* const* mats, float* out) {
+  for (uint32_t l = 0; l < emu::kSimdWidth; ++l) {
+    const int o = M::owned_offset(l);
+    out[o] = static_cast<float>(mats[l]->e[o]);
+    out[o + 1] = static_cast<float>(mats[l]->e[o + 1]);
+  }
+  (void)lanes;
+}
+
+template <class P>
+struct SgmMemArgs {
+  P ptr;
+  ulong elements_per_row;
+  ulong2 origin;
+  bool transpose;
+  const void* mat;  // store: the matrix to store
+};
+
+template <class P>
+inline bool sgm_uniform(emu::SimdCall** lanes, const char* what) {
+  const auto& a = in<SgmMemArgs<P>>(lanes[0]);
+  for (uint32_t i = 1; i < emu::kSimdWidth; ++i) {
+    const auto& b = in<SgmMemArgs<P>>(lanes[i]);
+    if (b.ptr != a.ptr || b.elements_per_row != a.elements_per_row || b.origin.x != a.origin.x ||
+        b.origin.y != a.origin.y || b.transpose != a.transpose) {
+      sgm_error(lanes, what, "lanes passed different pointers, strides, origins or transpose flags");
+      return false;
+    }
+  }
+  return true;
+}
+
+inline size_t sgm_index(const ulong& epr, const ulong2& origin, bool transpose, int r, int c) {
+  const size_t base = origin.y * epr + origin.x;
+  return transpose ? base + size_t(c) * epr + r : base + size_t(r) * epr + c;
+}
+
+template <class T, class U>
+void apply_sgm_load(emu::SimdCall** lanes) {
+  if (!sgm_all_lanes(lanes, "simdgroup_load") || !sgm_uniform<const U*>(lanes, "simdgroup_load")) return;
+  const auto& a = in<SgmMemArgs<const U*>>(lanes[0]);
+  simdgroup_matrix<T, 8, 8> m;
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c)
+      m.e[r * 8 + c] = static_cast<T>(a.ptr[sgm_index(a.elements_per_row, a.origin, a.transpose, r, c)]);
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i) out<simdgroup_matrix<T, 8, 8>>(lanes[i]) = m;
+}
+
+template <class T, class U>
+void apply_sgm_store(emu::SimdCall** lanes) {
+  if (!sgm_all_lanes(lanes, "simdgroup_store") || !sgm_uniform<U*>(lanes, "simdgroup_store")) return;
+  using M = simdgroup_matrix<T, 8, 8>;
+  const M* mats[emu::kSimdWidth];
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i) mats[i] = static_cast<const M*>(in<SgmMemArgs<U*>>(lanes[i]).mat);
+  float v[64];
+  sgm_gather(lanes, mats, v);
+  const auto& a = in<SgmMemArgs<U*>>(lanes[0]);
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c)
+      a.ptr[sgm_index(a.elements_per_row, a.origin, a.transpose, r, c)] = static_cast<U>(static_cast<T>(v[r * 8 + c]));
+}
+
+struct SgmMulArgs {
+  const void* a;
+  const void* b;
+  const void* c;  // nullptr: simdgroup_multiply
+};
+
+template <class TD, class TA, class TB, class TC>
+void apply_sgm_mma(emu::SimdCall** lanes) {
+  const emu::SimdCall* first = nullptr;
+  for (uint32_t i = 0; i < emu::kSimdWidth && !first; ++i) first = lanes[i];
+  const bool acc = static_cast<const SgmMulArgs*>(first->in)->c != nullptr;
+  const char* what = acc ? "simdgroup_multiply_accumulate" : "simdgroup_multiply";
+  if (!sgm_all_lanes(lanes, what)) return;
+  using MA = simdgroup_matrix<TA, 8, 8>;
+  using MB = simdgroup_matrix<TB, 8, 8>;
+  using MC = simdgroup_matrix<TC, 8, 8>;
+  const MA* am[emu::kSimdWidth];
+  const MB* bm[emu::kSimdWidth];
+  const MC* cm[emu::kSimdWidth];
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i) {
+    const auto& x = in<SgmMulArgs>(lanes[i]);
+    am[i] = static_cast<const MA*>(x.a);
+    bm[i] = static_cast<const MB*>(x.b);
+    cm[i] = static_cast<const MC*>(x.c);
+  }
+  float av[64], bv[64], cv[64] = {};
+  sgm_gather(lanes, am, av);
+  sgm_gather(lanes, bm, bv);
+  if (acc) sgm_gather(lanes, cm, cv);
+  simdgroup_matrix<TD, 8, 8> d;
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c) {
+      float s = 0.0f;
+      for (int k = 0; k < 8; ++k) s += av[r * 8 + k] * bv[k * 8 + c];
+      d.e[r * 8 + c] = static_cast<TD>(s + cv[r * 8 + c]);
+    }
+  // Results are written after every input was read: d may alias a, b or c.
+  for (uint32_t i = 0; i < emu::kSimdWidth; ++i) out<simdgroup_matrix<TD, 8, 8>>(lanes[i]) = d;
+}
+
+}  // namespace detail
+
+template <class T, class U>
+inline void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, const U* src, ulong elements_per_row = 8,
+                           ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false,
+                           SL loc = SL::current()) {
+  detail::SgmMemArgs<const U*> a{src, elements_per_row, matrix_origin, transpose_matrix, nullptr};
+  emu::SimdCall call{&detail::apply_sgm_load<T, U>, &a, &d, 0, loc.file_name(), loc.line(), loc.column()};
+  emu::simd_wait(&call);
+}
+
+template <class T, class U>
+inline void simdgroup_store(const simdgroup_matrix<T, 8, 8>& m, U* dst, ulong elements_per_row = 8,
+                            ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false,
+                            SL loc = SL::current()) {
+  detail::SgmMemArgs<U*> a{dst, elements_per_row, matrix_origin, transpose_matrix, &m};
+  emu::SimdCall call{&detail::apply_sgm_store<T, U>, &a, nullptr, 0, loc.file_name(), loc.line(), loc.column()};
+  emu::simd_wait(&call);
+}
+
+template <class TD, class TA, class TB, class TC>
+inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                                          const simdgroup_matrix<TB, 8, 8>& b,
+                                          const simdgroup_matrix<TC, 8, 8>& c, SL loc = SL::current()) {
+  detail::SgmMulArgs x{&a, &b, &c};
+  emu::SimdCall call{&detail::apply_sgm_mma<TD, TA, TB, TC>, &x, &d, 0, loc.file_name(), loc.line(),
+                     loc.column()};
+  emu::simd_wait(&call);
+}
+
+template <class TD, class TA, class TB>
+inline void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                               const simdgroup_matrix<TB, 8, 8>& b, SL loc = SL::current()) {
+  detail::SgmMulArgs x{&a, &b, nullptr};
+  emu::SimdCall call{&detail::apply_sgm_mma<TD, TA, TB, TD>, &x, &d, 0, loc.file_name(), loc.line(),
+                     loc.column()};
+  emu::simd_wait(&call);
+}
+
 #define EMU_VEC_ALIASES(name) \
   using ::name##2;            \
   using ::name##3;            \
@@ -634,6 +862,7 @@ EMU_VEC_ALIASES(ushort)
 EMU_VEC_ALIASES(char)
 EMU_VEC_ALIASES(uchar)
 EMU_VEC_ALIASES(long)
+EMU_VEC_ALIASES(ulong)
 EMU_VEC_ALIASES(bool)
 #undef EMU_VEC_ALIASES
 

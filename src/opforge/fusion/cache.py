@@ -24,7 +24,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-_modules: dict[str, ModuleType] = {}
+from ..runtime.lru import LRU
+
+_modules: LRU[str, ModuleType] = LRU(256, "fusion.modules")
 _fallback_dir: Optional[Path] = None
 
 

@@ -33,13 +33,16 @@ from typing import Any, Callable, Optional, Sequence, Union, overload
 import torch
 
 from ..runtime import backends, policy, trace as trace_events
+from ..runtime.compile_support import refuse_autograd, requires_grad_in
 from ..runtime.errors import NoKernelError
+from ..runtime.lru import LRU
 from . import kernels
 from .layout import analyze, call_device, node_shapes, output_groups
 from .tracer import TraceResult, trace
 
 _NUMBERS = (bool, int, float)
 _Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 _forced_backend = policy._forced_backend
 _all: "weakref.WeakSet[FusedFunction]" = weakref.WeakSet()
 MAX_PLANS = 1024
@@ -76,7 +79,7 @@ class FusedFunction:
         self._keyword_only = tuple(p.name for p in self._params.parameters.values() if p.kind == p.KEYWORD_ONLY)
         if self._keyword_only:
             self._nparams = -1   # every call binds, so keyword-only parameters stay keyword-only
-        self._plans: dict[tuple, kernels.Plan] = {}
+        self._plans: LRU[tuple, kernels.Plan] = LRU(MAX_PLANS, "fusion.plans")
         self._traces: dict[tuple, TraceResult] = {}
         self._kernels: dict[tuple, Any] = {}
         self._value_positions: frozenset = frozenset()
@@ -87,6 +90,8 @@ class FusedFunction:
 
     # --- the hot path ---
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _grad_enabled() and requires_grad_in(args, kwargs):
+            refuse_autograd(self._op)
         if kwargs or len(args) != self._nparams:
             args = self._bind(args, kwargs)
         try:
@@ -193,8 +198,6 @@ class FusedFunction:
                                               tuple(outputs), False))
             plan = kernels.SplitPlan(parts, groups, len(graph.outputs))
         plan.fallback_reason = fallback
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.clear()
         self._plans[key] = plan
         self._counts["plans"] += 1
         return plan

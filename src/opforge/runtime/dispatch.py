@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from . import registry, trace
+import torch
+
+from . import alloc, registry, trace
 from .registry import Variant
 
 VariantRow = tuple  # (name, supports, launch, summary), as each backend module lists them
@@ -43,6 +45,25 @@ def run(op: str, call: Any, x: Any) -> Any:
     ``call`` has ``problem`` (with ``device_type``) and ``note`` (what was copied, if anything);
     ``x`` is the tensor whose device, dtype and shape the trace shows.
     """
+    try:  # free on the hot path (zero-cost try); out of memory: see runtime.alloc
+        choice = registry.select(op, call.problem, call.problem.device_type)
+        variant = choice.variant
+        if trace._active:
+            note = call.note
+            if choice.fallback_reason:
+                note = "; ".join(filter(None, [note, f"fallback: {choice.fallback_reason}"]))
+            return trace.run_traced(op, variant.backend, variant.name, x, note, variant.launch, call)
+        return variant.launch(call)
+    except torch.OutOfMemoryError as error:
+        if isinstance(error, alloc.OutOfMemoryError):
+            raise
+        return alloc.retry_after_out_of_memory(op, lambda: _describe(call, x), error,
+                                               lambda: run_once(op, call, x))
+
+
+def run_once(op: str, call: Any, x: Any) -> Any:
+    """``run`` without the out-of-memory retry (``run`` repeats this body inline: one Python call
+    fewer per op on the hot path)."""
     choice = registry.select(op, call.problem, call.problem.device_type)
     variant = choice.variant
     if trace._active:
@@ -51,3 +72,9 @@ def run(op: str, call: Any, x: Any) -> Any:
             note = "; ".join(filter(None, [note, f"fallback: {choice.fallback_reason}"]))
         return trace.run_traced(op, variant.backend, variant.name, x, note, variant.launch, call)
     return variant.launch(call)
+
+
+def _describe(call: Any, x: Any) -> str:
+    shape = f"x {str(x.dtype).replace('torch.', '')} {tuple(x.shape)} on {x.device}" if hasattr(x, "shape") else "x"
+    describe = getattr(call.problem, "describe", None)
+    return f"{shape} [{describe()}]" if describe is not None else shape

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -63,7 +64,7 @@ def check_same_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
 
 def check_eps(eps: object) -> float:
     """Return ``eps`` as a float; raise ``ValueError`` if negative, NaN or infinite."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) and not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     eps = float(eps)
     if not math.isfinite(eps) or eps < 0:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .backends import triton_interpreting
+from .lru import LRU
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 # OPFORGE_CHECK_LAUNCH_KEYS=1 (set by the GPU test run) checks every caller-supplied key against
@@ -98,8 +99,8 @@ class TritonLauncher:
         # Under TRITON_INTERPRET=1 the decorator returns an interpreted function: no params, no binary.
         self.interpreted = params is None or triton_interpreting()
         self._constexpr = tuple(bool(p.is_constexpr) for p in params) if params is not None else ()
-        self._compiled: dict[tuple, Any] = {}
-        self._generic_of: dict[tuple, tuple] = {}
+        self._compiled: LRU[tuple, Any] = LRU(256, "launch.compiled")  # binaries per specialization key
+        self._generic_of: LRU[tuple, tuple] = LRU(4096, "launch.keys_checked")
         self._hooks: Any = None
         self._stream = _raw_stream_getter()
         self.fast_path = False  # becomes True once a compiled kernel has been launched directly

@@ -32,11 +32,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from .backends import metal_emulating
+from .lru import LRU
 
 CompileFn = Callable[[str, str], Any]
 
 _emulator: Optional[CompileFn] = None
-_libraries: dict[tuple[str, str], Any] = {}
+_libraries: LRU[tuple[str, str], Any] = LRU(64, "metal.libraries")
 _lock = threading.Lock()
 
 
@@ -45,8 +46,8 @@ def set_emulator(compile_fn: Optional[CompileFn]) -> None:
     global _emulator
     _emulator = compile_fn
     with _lock:
-        for key in [k for k in _libraries if k[1] == "emulated"]:
-            del _libraries[key]
+        for key in [k for k in _libraries.keys() if k[1] == "emulated"]:
+            _libraries.pop(key)
 
 
 def _checkout_emulator_dir() -> Optional[Path]:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 from . import backends, plans, policy
 from .errors import NoKernelError, first_reason
+from .lru import LRU
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Explanation:
 
 _variants: dict[str, list[Variant]] = {}
 _problem_builders: dict[str, Callable[..., Any]] = {}
-_cache: dict[tuple, Choice] = {}
+_cache: LRU[tuple, Choice] = LRU(4096, "registry.selection")
 
 
 def register(variant: Variant) -> Variant:

@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 
 from ...runtime import alloc, dispatch
-from . import reference
+from ...runtime.compile_support import compiled
+from . import fakes, reference
 from .problem import OPS, ActivationCall, prepare
 
 
@@ -57,6 +58,7 @@ def _symbolic(*tensors: object):
     return None
 
 
+@compiled("gelu", fakes.gelu)
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GELU: ``0.5 * x * (1 + erf(x / sqrt(2)))``, or its tanh form, as ``torch.nn.functional.gelu``.
 
@@ -85,6 +87,7 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return _run("gelu", x, None, approximate)
 
 
+@compiled("silu", fakes.silu)
 def silu(x: torch.Tensor) -> torch.Tensor:
     """SiLU (swish): ``x * sigmoid(x)``, as ``torch.nn.functional.silu``.
 
@@ -101,6 +104,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return _run("silu", x, None, None)
 
 
+@compiled("relu", fakes.relu)
 def relu(x: torch.Tensor) -> torch.Tensor:
     """ReLU: ``max(x, 0)``, NaN kept, as ``torch.relu``.
 
@@ -116,6 +120,7 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return _run("relu", x, None, None)
 
 
+@compiled("swiglu", fakes.swiglu)
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` in one pass (the gated MLP of LLaMA-style models).
 
@@ -141,6 +146,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _run("swiglu", gate, up, None)
 
 
+@compiled("geglu", fakes.geglu)
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GeGLU: ``gelu(gate, approximate) * up`` in one pass.
 

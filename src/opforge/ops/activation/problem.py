@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
+from ...runtime.lru import LRU
 from ...runtime.rows import Rows, as_rows
 from .reference import APPROXIMATIONS
 
@@ -68,7 +69,7 @@ class ActivationCall:
 
 
 _ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))
-_problems: dict[tuple, ActivationProblem] = {}
+_problems: LRU[tuple, ActivationProblem] = LRU(4096, "activation.problems")
 
 
 def _problem(op: str, dtype: torch.dtype, shape: tuple, device_type: str,
@@ -77,8 +78,6 @@ def _problem(op: str, dtype: torch.dtype, shape: tuple, device_type: str,
     key = (op, dtype, shape, device_type, approximate)
     problem = _problems.get(key)
     if problem is None:
-        if len(_problems) > 4096:
-            _problems.clear()
         numel = 1
         for d in shape:
             numel *= d

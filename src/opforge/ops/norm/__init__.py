@@ -10,7 +10,8 @@ from typing import Optional
 import torch
 
 from ...runtime import dispatch, plans
-from . import reference
+from ...runtime.compile_support import compiled
+from . import fakes, reference
 from .problem import OPS, PLANS, NormCall, prepare, signature
 
 
@@ -59,6 +60,7 @@ def _run(op: str, x, residual, weight, bias, eps):
     return dispatch.run(op, call, x)
 
 
+@compiled("layer_norm", fakes.layer_norm)
 def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                eps: float = 1e-5) -> torch.Tensor:
     """Layer normalization over the last dimension: ``(x - mean) / sqrt(var + eps) * weight + bias``.
@@ -82,6 +84,7 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Opt
     return _run("layer_norm", x, None, weight, bias, eps)
 
 
+@compiled("rms_norm", fakes.rms_norm)
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
     """RMS normalization over the last dimension: ``x / sqrt(mean(x**2) + eps) * weight``.
 
@@ -97,6 +100,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     return _run("rms_norm", x, None, weight, None, eps)
 
 
+@compiled("add_layer_norm", fakes.add_layer_norm)
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor] = None,
                    bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """The pre-norm block's add & norm in one pass: returns ``(layer_norm(x + residual), x + residual)``.
@@ -114,6 +118,7 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: Optional[tor
     return _run("add_layer_norm", x, residual, weight, bias, eps)
 
 
+@compiled("add_rms_norm", fakes.add_rms_norm)
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor] = None,
                  eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add fused with RMS norm: returns ``(rms_norm(x + residual), x + residual)``.

@@ -8,6 +8,7 @@ import torch
 
 from ...runtime.errors import HALF_AND_SINGLE, check_eps, check_float_tensor, check_optional_vector, check_same_device, \
     check_same_shape
+from ...runtime.lru import LRU
 from ...runtime.plans import PlanCache
 from ...runtime.rows import Rows, as_rows
 
@@ -95,7 +96,7 @@ def signature(op: str, x: object, residual: object, weight: object, bias: object
 
 
 _ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))
-_problems: dict[tuple, NormProblem] = {}
+_problems: LRU[tuple, NormProblem] = LRU(4096, "norm.problems")
 
 
 def _problem(op: str, dtype: torch.dtype, n: int, rows: int, device_type: str,
@@ -105,8 +106,6 @@ def _problem(op: str, dtype: torch.dtype, n: int, rows: int, device_type: str,
     problem = _problems.get(key)
     if problem is None or problem.rows != rows:
         problem = NormProblem(op, dtype, n, rows, device_type, w_dtype, b_dtype)
-        if len(_problems) > 4096:
-            _problems.clear()
         _problems[key] = problem
     return problem
 

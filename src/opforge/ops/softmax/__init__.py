@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from ...runtime import alloc, dispatch
-from . import reference
+from ...runtime.compile_support import compiled
+from . import fakes, reference
 from .problem import OPS, SoftmaxCall, prepare
 
 
@@ -37,6 +38,7 @@ def _run(op: str, x: torch.Tensor, dim: int) -> torch.Tensor:
     return dispatch.run(op, call, x)
 
 
+@compiled("softmax", fakes.softmax)
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax along ``dim``: ``exp(x - max) / sum(exp(x - max))``, as ``torch.softmax``.
 
@@ -64,6 +66,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return _run("softmax", x, dim)
 
 
+@compiled("log_softmax", fakes.log_softmax)
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Log-softmax along ``dim``: ``(x - max) - log(sum(exp(x - max)))``, as ``torch.log_softmax``.
 

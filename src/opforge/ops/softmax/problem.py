@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
+from ...runtime.lru import LRU
 from ...runtime.rows import Rows, as_rows
 
 OPS = ("softmax", "log_softmax")
@@ -66,7 +67,7 @@ class SoftmaxCall:
 
 
 _ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))
-_problems: dict[tuple, SoftmaxProblem] = {}
+_problems: LRU[tuple, SoftmaxProblem] = LRU(4096, "softmax.problems")
 
 
 def _problem(op: str, dtype: torch.dtype, n: int, rows: int, device_type: str) -> SoftmaxProblem:
@@ -74,8 +75,6 @@ def _problem(op: str, dtype: torch.dtype, n: int, rows: int, device_type: str) -
     key = (op, dtype, n, rows, device_type)
     problem = _problems.get(key)
     if problem is None:
-        if len(_problems) > 4096:
-            _problems.clear()
         problem = _problems[key] = SoftmaxProblem(op, dtype, n, rows, device_type)
     return problem
 

@@ -1,0 +1,178 @@
+"""The decoder: a Llama-family transformer built from opforge's ops, with a static KV cache.
+
+Layout. Weights: per layer one fused q|k|v projection and one fused gate|up projection (fewer
+launches per decode step). KV cache: one (max_batch, Hkv, max_seq_len, D) tensor per layer for k
+and for v, the layout ``decode_attention`` reads. Batches of prompts of different lengths are
+**right-padded**: every sequence starts at position 0, the causal prefill never lets a real
+token see the padding behind it, and each sequence's ``cache_seqlens[b]`` is its own length, so a
+decode step appends each sequence's token at its own position and the padding left in the cache
+is overwritten before anything reads it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from . import ops
+from .config import ModelConfig, rope_tables
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights (``qkv`` and ``gate_up`` fused; dense or quantized)."""
+
+    attn_norm: torch.Tensor
+    qkv: Any
+    qkv_bias: Optional[torch.Tensor]
+    o: Any
+    mlp_norm: torch.Tensor
+    gate_up: Any
+    down: Any
+    q_norm: Optional[torch.Tensor] = None
+    k_norm: Optional[torch.Tensor] = None
+
+
+class Decoder:
+    """A loaded model: weights, rope tables, KV cache, and ``forward``/``prefill``/``decode_step``.
+
+    Made by ``opforge.models.load``; ``generate`` lives in ``opforge.models.generate``.
+
+    Example:
+        >>> import torch
+        >>> from opforge.models.testing import tiny_decoder
+        >>> model = tiny_decoder()
+        >>> model.forward(torch.tensor([[1, 2, 3]])).shape
+        torch.Size([1, 3, 64])
+    """
+
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
+                 lm_head: Any, *, max_seq_len: int, max_batch: int, device: torch.device, dtype: torch.dtype):
+        self.config, self.embed, self.layers, self.norm, self.lm_head = config, embed, layers, norm, lm_head
+        self.max_seq_len, self.max_batch, self.device, self.dtype = max_seq_len, max_batch, device, dtype
+        self.cos, self.sin = rope_tables(config, max_seq_len, device)
+        shape = (max_batch, config.num_kv_heads, max_seq_len, config.head_dim)
+        self.k_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
+        self.v_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
+        self.cache_seqlens = torch.zeros(max_batch, device=device, dtype=torch.int32)
+        self.scale = config.head_dim ** -0.5
+        self._graphs: dict[int, Any] = {}
+
+    # ---- one layer ---------------------------------------------------------------------------
+    def _qkv(self, layer: Layer, y: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        c = self.config
+        b, s, _ = y.shape
+        qkv = ops.linear(y, layer.qkv, layer.qkv_bias).view(b, s, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        q, k, v = qkv.split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=2)
+        if c.qk_norm:
+            q, k = ops.rms_norm(q, layer.q_norm, c.rms_norm_eps), ops.rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)          # (B, H, S, D) views
+        q, k = ops.rotary_embedding(q, k, self.cos, self.sin, positions)
+        return q, k, v
+
+    def _mlp(self, layer: Layer, y: torch.Tensor) -> torch.Tensor:
+        h = ops.linear(y, layer.gate_up)
+        f = h.shape[-1] // 2
+        return ops.linear(ops.swiglu(h[..., :f], h[..., f:]), layer.down)
+
+    def _out(self, layer: Layer, attn: torch.Tensor) -> torch.Tensor:
+        b, _, s, _ = attn.shape
+        return ops.linear(attn.transpose(1, 2).reshape(b, s, -1), layer.o)
+
+    def _run(self, ids: torch.Tensor, attend) -> torch.Tensor:
+        """Embedding, the layers (``attend(i, layer, y)`` gives the attention output), final norm."""
+        eps = self.config.rms_norm_eps
+        h = self.embed[ids]
+        y = ops.rms_norm(h, self.layers[0].attn_norm, eps)
+        for i, layer in enumerate(self.layers):
+            y, h = ops.add_rms_norm(attend(i, layer, y), h, layer.mlp_norm, eps)
+            following = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
+            y, h = ops.add_rms_norm(self._mlp(layer, y), h, following, eps)
+        return y
+
+    def logits(self, y: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (already normalized) to logits."""
+        return ops.linear(y, self.lm_head)
+
+    # ---- whole sequences, no cache -------------------------------------------------------------
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits (B, S, V) for full sequences, without touching the KV cache (the test oracle).
+
+        Example:
+            >>> import torch
+            >>> from opforge.models.testing import tiny_decoder
+            >>> tiny_decoder().forward(torch.tensor([[5, 6]])).dtype
+            torch.float32
+        """
+        ids = ids.to(self.device)
+        positions = torch.arange(ids.shape[1], device=self.device, dtype=torch.int32)[None].expand(ids.shape[0], -1)
+
+        def attend(i: int, layer: Layer, y: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._qkv(layer, y, positions)
+            return self._out(layer, ops.attention(q, k, v, causal=True, scale=self.scale))
+        return self.logits(self._run(ids, attend))
+
+    # ---- prefill into the cache -------------------------------------------------------------------
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Right-padded prompts (B, S) with true ``lengths`` (B,) into an empty cache.
+
+        Returns each sequence's logits at its last real token, (B, V) float32; afterwards
+        ``cache_seqlens[:B] == lengths``.
+        """
+        b, s = ids.shape
+        if b > self.max_batch or s > self.max_seq_len:
+            raise ValueError(f"prompt batch {b}x{s} exceeds the cache (max_batch={self.max_batch}, "
+                             f"max_seq_len={self.max_seq_len})")
+        ids, lengths = ids.to(self.device), lengths.to(self.device, torch.int32)
+        seqlens = self.cache_seqlens[:b]
+        seqlens.zero_()
+        positions = torch.arange(s, device=self.device, dtype=torch.int32)[None].expand(b, -1)
+
+        def attend(i: int, layer: Layer, y: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._qkv(layer, y, positions)
+            ops.kv_cache_append(self.k_cache[i][:b], self.v_cache[i][:b], k, v, seqlens)
+            return self._out(layer, ops.attention(q, k, v, causal=True, scale=self.scale))
+        y = self._run(ids, attend)
+        last = y[torch.arange(b, device=self.device), lengths.long() - 1]
+        seqlens.copy_(lengths)
+        return self.logits(last).float()
+
+    # ---- one decode step (what the CUDA graph captures) ---------------------------------------------
+    def decode_step(self, tokens: torch.Tensor, seqlens: torch.Tensor) -> torch.Tensor:
+        """Append one token per sequence at ``seqlens[b]`` and return logits (B, V) float32.
+
+        ``seqlens`` is ``cache_seqlens[:B]``; it is NOT advanced here (the caller does it), so the
+        step is a pure function of its static inputs and can be captured and replayed.
+        """
+        b = tokens.shape[0]
+        positions = seqlens[:, None]
+        total = seqlens + 1
+
+        def attend(i: int, layer: Layer, y: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._qkv(layer, y, positions)
+            ops.kv_cache_append(self.k_cache[i][:b], self.v_cache[i][:b], k, v, seqlens)
+            return self._out(layer, ops.decode_attention(q, self.k_cache[i][:b], self.v_cache[i][:b], total,
+                                                         scale=self.scale))
+        return self.logits(self._run(tokens[:, None], attend)[:, 0]).float()
+
+    def weight_bytes(self) -> int:
+        """Bytes of every weight a decode step reads (for the bandwidth limit)."""
+        total = 0
+        for obj in [self.embed if self.lm_head is not self.embed else None, self.norm, self.lm_head] + \
+                [getattr(layer, f) for layer in self.layers for f in Layer.__dataclass_fields__]:
+            total += _nbytes(obj)
+        return total
+
+    def generate(self, input_ids: Any, max_new_tokens: int, **kwargs: Any) -> list[list[int]]:
+        """See ``opforge.models.generate.generate``."""
+        from .generate import generate
+        return generate(self, input_ids, max_new_tokens, **kwargs)
+
+
+def _nbytes(obj: Any) -> int:
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    return sum(_nbytes(v) for v in vars(obj).values() if isinstance(v, torch.Tensor))

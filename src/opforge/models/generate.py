@@ -1,0 +1,191 @@
+"""Generation: prefill, then one decode step per token (replayed from a CUDA graph on CUDA)."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+
+from .decoder import Decoder
+
+
+@dataclass
+class GenerationStats:
+    """Timings of the last ``generate`` call (``model.last_stats``)."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    graphs: bool = False
+    capture_s: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Generated tokens (all sequences) per second of decode steps, capture excluded."""
+        return self.new_tokens / self.decode_s if self.decode_s else 0.0
+
+
+class _GraphStep:
+    """One captured decode step for batch size B: static token input, logits output."""
+
+    def __init__(self, model: Decoder, batch: int):
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
+        self.seqlens = model.cache_seqlens[:batch]
+        stream = torch.cuda.Stream(model.device)
+        stream.wait_stream(torch.cuda.current_stream(model.device))
+        with torch.cuda.stream(stream):           # warm up (compiles kernels, sets up cuBLAS) off the capture
+            for _ in range(2):
+                model.decode_step(self.tokens, self.seqlens)
+        torch.cuda.current_stream(model.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = model.decode_step(self.tokens, self.seqlens)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        return self.logits
+
+
+def _as_batch(input_ids: Any) -> list[list[int]]:
+    if isinstance(input_ids, torch.Tensor):
+        ids = input_ids.tolist()
+        return [ids] if input_ids.dim() == 1 else ids
+    if input_ids and isinstance(input_ids[0], int):
+        return [list(input_ids)]
+    return [list(seq) for seq in input_ids]
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
+           generator: Optional[torch.Generator]) -> torch.Tensor:
+    """Next tokens (B,) from logits (B, V): greedy at temperature 0, else top-k/top-p sampling.
+
+    Example:
+        >>> import torch
+        >>> from opforge.models.generate import sample
+        >>> sample(torch.tensor([[0.0, 3.0, 1.0]]), 0.0, None, None, None).tolist()
+        [1]
+    """
+    if temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)   # mass ahead of each token
+        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+
+
+def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
+             max_new_tokens: int, *, temperature: float = 0.0, top_k: Optional[int] = None,
+             top_p: Optional[float] = None, stop_ids: Sequence[int] = (),
+             stream: Optional[Callable[[int, int], None]] = None, generator: Optional[torch.Generator] = None,
+             graphs: bool = True) -> list[list[int]]:
+    """Generate up to ``max_new_tokens`` per prompt; returns the new tokens of each prompt.
+
+    Args:
+        input_ids: one prompt (list of ints or 1-D tensor), a batch of prompts of any lengths
+            (list of lists, right-padded internally), or a (B, S) tensor.
+        temperature: 0 is greedy; otherwise softmax sampling with ``top_k``/``top_p`` filtering.
+        stop_ids: a sequence ends after producing one of these (it is included in its output).
+        stream: called ``stream(b, token)`` for each token as soon as it is produced.
+        generator: a ``torch.Generator`` on the model's device, for reproducible sampling.
+        graphs: on CUDA, capture the decode step once per batch size and replay it.
+
+    Example:
+        >>> from opforge.models.testing import tiny_decoder
+        >>> model = tiny_decoder()
+        >>> out = model.generate([[1, 2, 3], [4, 5]], 4)
+        >>> [len(o) for o in out]
+        [4, 4]
+    """
+    prompts = _as_batch(input_ids)
+    b = len(prompts)
+    if b == 0 or min(len(p) for p in prompts) == 0:
+        raise ValueError("input_ids: every prompt needs at least one token")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > model.max_seq_len:
+        raise ValueError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len "
+                         f"({model.max_seq_len})")
+    ids = torch.zeros(b, longest, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = torch.tensor(p)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
+    use_graphs = graphs and model.device.type == "cuda"
+    stats = GenerationStats(prompt_tokens=int(lengths.sum()), graphs=use_graphs)
+    model.last_stats = stats
+    stops = set(int(s) for s in stop_ids)
+    out: list[list[int]] = [[] for _ in range(b)]
+    done = [False] * b
+
+    def sync() -> None:
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+
+    def emit(tokens: torch.Tensor) -> None:
+        for i, t in enumerate(tokens.tolist()):
+            if not done[i]:
+                out[i].append(t)
+                if stream is not None:
+                    stream(i, t)
+                done[i] = t in stops or len(out[i]) >= max_new_tokens
+
+    with torch.no_grad():
+        sync()
+        t0 = time.perf_counter()
+        logits = model.prefill(ids, lengths)
+        tokens = sample(logits, temperature, top_k, top_p, generator)
+        emit(tokens)
+        stats.prefill_s = time.perf_counter() - t0
+        seqlens = model.cache_seqlens[:b]
+        step: Callable[[torch.Tensor], torch.Tensor] = lambda t: model.decode_step(t, seqlens)   # noqa: E731
+        if use_graphs and not all(done):
+            t1 = time.perf_counter()
+            if b not in model._graphs:
+                model._graphs[b] = _GraphStep(model, b)
+            step = model._graphs[b]
+            sync()
+            stats.capture_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        on_gpu = model.device.type == "cuda"
+        buffers = [torch.empty(b, dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
+        queue: deque = deque()          # launched steps whose tokens the host has not read yet
+        steps = 1                       # tokens produced per sequence so far (the prefill's)
+        while True:
+            # Step k+1 is launched before the host reads step k's tokens, so the GPU does not wait
+            # on the host's stop/stream bookkeeping. A step launched after a sequence stopped is
+            # ignored by emit; it stays inside the cache (prompt + max_new_tokens <= max_seq_len).
+            if steps < max_new_tokens and not all(done):
+                logits = step(tokens)
+                seqlens.add_(1)
+                tokens = sample(logits, temperature, top_k, top_p, generator)
+                buffer = buffers[steps % 2]
+                buffer.copy_(tokens, non_blocking=on_gpu)
+                copied = torch.cuda.Event() if on_gpu else None
+                if copied is not None:
+                    copied.record()
+                queue.append((buffer, copied))
+                steps += 1
+                if len(queue) < 2:
+                    continue
+            if not queue:
+                break
+            buffer, copied = queue.popleft()
+            if copied is not None:
+                copied.synchronize()
+            emit(buffer)
+        sync()
+        stats.decode_s = time.perf_counter() - t2
+        stats.new_tokens = sum(len(o) for o in out) - b
+    return out

@@ -1,0 +1,98 @@
+"""Tiny random checkpoints in the Hugging Face layout, for tests, doctests and smoke runs."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Optional
+
+import torch
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 8, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def random_weights(config: dict[str, Any], seed: int = 0, std: float = 0.2) -> dict[str, torch.Tensor]:
+    """float32 random weights under Hugging Face's names for a llama/mistral/qwen2/qwen3 config.
+
+    Example:
+        >>> from opforge.models.testing import TINY_LLAMA, random_weights
+        >>> random_weights(TINY_LLAMA)["model.embed_tokens.weight"].shape
+        torch.Size([64, 32])
+    """
+    g = torch.Generator().manual_seed(seed)
+    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    d = config.get("head_dim") or h // heads
+
+    def r(*shape: int, scale: float = std) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * scale
+
+    def norm(n: int) -> torch.Tensor:
+        return 1.0 + r(n, scale=0.1)
+    w = {"model.embed_tokens.weight": r(v, h, scale=1.0), "model.norm.weight": norm(h)}
+    if not config.get("tie_word_embeddings", False):
+        w["lm_head.weight"] = r(v, h)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"] = norm(h), norm(h)
+        for n, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d)):
+            w[p + f"self_attn.{n}_proj.weight"] = r(rows, h)
+            if config["model_type"] == "qwen2":
+                w[p + f"self_attn.{n}_proj.bias"] = r(rows, scale=0.1)
+        w[p + "self_attn.o_proj.weight"] = r(h, heads * d)
+        if config["model_type"] == "qwen3":
+            w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = norm(d), norm(d)
+        w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = r(f, h), r(f, h)
+        w[p + "mlp.down_proj.weight"] = r(h, f)
+    return w
+
+
+def write_checkpoint(directory: str, config: dict[str, Any], weights: dict[str, torch.Tensor],
+                     dtype: Optional[torch.dtype] = None) -> str:
+    """Write ``config.json`` and ``model.safetensors`` into ``directory``; returns it.
+
+    Example:
+        >>> import os, tempfile
+        >>> from opforge.models.testing import TINY_LLAMA, random_weights, write_checkpoint
+        >>> d = write_checkpoint(tempfile.mkdtemp(), TINY_LLAMA, random_weights(TINY_LLAMA))
+        >>> sorted(os.listdir(d))
+        ['config.json', 'model.safetensors']
+    """
+    from safetensors.torch import save_file
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    save_file({k: (t.to(dtype) if dtype else t).contiguous() for k, t in weights.items()},
+              os.path.join(directory, "model.safetensors"))
+    return directory
+
+
+def write_tiny_checkpoint(config: Optional[dict[str, Any]] = None, seed: int = 0) -> str:
+    """A tiny random Llama checkpoint in a new temporary directory.
+
+    Example:
+        >>> import os
+        >>> from opforge.models.testing import write_tiny_checkpoint
+        >>> os.path.exists(os.path.join(write_tiny_checkpoint(), "config.json"))
+        True
+    """
+    config = dict(config or TINY_LLAMA)
+    return write_checkpoint(tempfile.mkdtemp(prefix="opforge-tiny-"), config, random_weights(config, seed))
+
+
+def tiny_decoder(config: Optional[dict[str, Any]] = None, seed: int = 0, **load_kwargs: Any):
+    """A loaded tiny random model on CPU in float32 (max_batch 4, max_seq_len 128 unless given).
+
+    Example:
+        >>> from opforge.models.testing import tiny_decoder
+        >>> tiny_decoder().config.num_layers
+        2
+    """
+    from .loader import load
+    kwargs = {"device": "cpu", "dtype": torch.float32, "max_seq_len": 128, "max_batch": 4, **load_kwargs}
+    return load(write_tiny_checkpoint(config, seed), **kwargs)
