@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
+from ...runtime.lru import LRU
 from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import DelayCall, DelayProblem
 
@@ -55,7 +56,7 @@ def _fill_spec(v: int) -> tuple:
     return (v == 1, v & 15 == 0, -I32_MAX - 1 <= v <= I32_MAX)
 
 
-_launch_args: dict[tuple, tuple] = {}
+_launch_args: LRU[tuple, tuple] = LRU(4096, "delay.launch_plans")
 
 
 def _plan(op: str, shape: tuple, cs: tuple, os_: tuple, packed: bool, fb: int, fa: int) -> tuple:
@@ -85,12 +86,11 @@ def launch(call: DelayCall):
                call.fill_before, call.fill_after)
     plan = _launch_args.get(sig)
     if plan is None:
-        if len(_launch_args) > 4096:
-            _launch_args.clear()
         grid, scalars, key, warps = _plan(call.problem.op, tuple(codes.shape), codes.stride(), out.stride(),
                                           out.is_contiguous(), call.fill_before, call.fill_after)
         index = codes.get_device()
-        plan = _launch_args[sig] = (grid, list(scalars), (index, codes.dtype, delays.dtype) + key, warps, index)
+        plan = (grid, list(scalars), (index, codes.dtype, delays.dtype) + key, warps, index)
+        _launch_args.put(sig, plan)
     grid, scalars, key0, warps, index = plan
     tensors = (codes, delays, out)
     ptrs = [codes.data_ptr(), delays.data_ptr(), out.data_ptr()]

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from ...runtime import dispatch
+from ...runtime.lru import LRU
 from . import reference
 from .problem import (OPS, AppendCall, FusedCall, RotaryCall, append_signature, check_append_range,
                       check_table_range, fused_signature, prepare_append, prepare_fused, prepare_rotary,
@@ -17,16 +18,14 @@ from .problem import (OPS, AppendCall, FusedCall, RotaryCall, append_signature, 
 
 # Signatures of calls that passed validation, with their problems: a later call with the same
 # signature skips validation (its outcome is decided by the signature; CPU value checks still run).
-_valid_rotary: dict[tuple, object] = {}
-_valid_append: dict[tuple, object] = {}
-_valid_fused: dict[tuple, tuple] = {}
+_valid_rotary: LRU[tuple, object] = LRU(4096, "rotary.valid_signatures")
+_valid_append: LRU[tuple, object] = LRU(4096, "kv_cache_append.valid_signatures")
+_valid_fused: LRU[tuple, tuple] = LRU(4096, "rotary_kv_cache_append.valid_signatures")
 
 
-def _remember(cache: dict, sig, problem) -> None:
+def _remember(cache: LRU, sig, problem) -> None:
     if sig is not None:
-        if len(cache) >= 4096:
-            cache.clear()
-        cache[sig] = problem
+        cache.put(sig, problem)
 
 
 def _torch_launch(call):

@@ -27,6 +27,7 @@ from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import AppendCall, FusedCall, RotaryCall, RotaryProblem
 from ...runtime import alloc
+from ...runtime.lru import LRU
 
 TILE = 4096          # elements per (heads x features) tile of one program
 NUM_WARPS: Optional[int] = None   # None: from the tile size; an int overrides it (tuning sweeps)
@@ -144,14 +145,12 @@ def _heads_per_group(h: int, width: int) -> int:
 
 # Launch arguments per call signature (see problem.rotary_signature / append_signature): grid,
 # scalar and constexpr arguments, the part of the launch key they decide, num_warps, device index.
-_plans: dict[tuple, tuple] = {}
+_plans: LRU[tuple, tuple] = LRU(4096, "rotary.launch_plans")
 
 
 def _keep(kind: str, sig: Optional[tuple], plan: tuple) -> tuple:
     if sig is not None:
-        if len(_plans) >= 4096:
-            _plans.clear()
-        _plans[(kind, sig)] = plan
+        _plans.put((kind, sig), plan)
     return plan
 
 
