@@ -359,7 +359,11 @@ def sweep(bench: Bench, results: dict) -> None:
         del w, q4
     print("== sweep: best per (shape, M); 'quant' rows: Triton GEMM vs dequant+cuBLAS, 'dense': the bf16 reference")
     for key, (ms_, label, is_default) in best.items():
-        print(f"  best {label:62s} {ms_ * 1e3:8.1f} us{'  (the default)' if is_default else '  (NOT the default)'}")
+        verdict = "(reference)" if key[-1] == "dense" else "(the default)" if is_default else "(NOT the default)"
+        print(f"  best {label:62s} {ms_ * 1e3:8.1f} us  {verdict}")
+    skipped = [x for x in results["skipped"] if x.startswith("sweep")]
+    if skipped:
+        print(f"  sweep budget spent: {len(skipped)} choices not timed, from {skipped[0]}")
     results["sweep_best"] = {str(key): dict(ms=v[0], choice=v[1], default=v[2]) for key, v in best.items()}
 
 
