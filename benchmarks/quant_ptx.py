@@ -31,7 +31,7 @@ def compile_kernel(bits: int, group: int, x: str, config: tuple, partial: bool =
         kernel = tk._qmm_kernel
         mode, offset = tk.code_mode(bits, {"bf16": tk.torch.bfloat16, "fp16": tk.torch.float16}[x])
         consts = dict(common, F32_DOT=False, CODE_MODE=mode, CODE_OFFSET=offset, BLOCK_M=block_m)
-        ints = ("M", "N", "K", "stride_xm", "stride_w", "k_per_split", "m_tiles", "n_splits")
+        ints = ("M", "N", "K", "k_words", "stride_xm", "stride_w", "k_per_split", "m_tiles", "n_splits")
     else:
         kernel = tk._gemv_kernel
         consts = dict(common, BLOCK_M=block_m, LOP3=True)
@@ -95,8 +95,8 @@ def compile_matrix() -> int:
             mode, offset = tk.code_mode(bits, dtypes[x])
             kernel = tk._qmm_kernel
             consts = dict(common, F32_DOT=False, CODE_MODE=mode, CODE_OFFSET=offset, BLOCK_M=16)
-            sig.update({a: "i32" for a in ("M", "N", "K", "stride_xm", "stride_w", "k_per_split", "m_tiles",
-                                           "n_splits")})
+            sig.update({a: "i32" for a in ("M", "N", "K", "k_words", "stride_xm", "stride_w", "k_per_split",
+                                           "m_tiles", "n_splits")})
         try:
             _compile(kernel, sig, consts)
         except Exception as exc:
@@ -106,7 +106,7 @@ def compile_matrix() -> int:
         try:
             _compile(tk._dequant_kernel, {"w_ptr": "*i32" if bits == 4 else "*u8", "s_ptr": "*fp16",
                                           "z_ptr": "*fp16", "out_ptr": "*" + out, "N": "i32", "K": "i32",
-                                          "stride_w": "i32"},
+                                          "k_words": "i32", "stride_w": "i32"},
                      dict(BITS=bits, GROUP=128, PER_ROW=per_row, SYMMETRIC=sym, BLOCK_N=32, BLOCK_K=128))
         except Exception as exc:
             fails += 1

@@ -61,13 +61,15 @@ SPLIT_FIXUP = False
 
 
 @triton.jit
-def _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+def _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr):
-    """The (BLOCK_N, BLOCK_K) int32 codes of rows ``rows`` at columns ``k0 ..`` (0 where masked)."""
+    """The (BLOCK_N, BLOCK_K) int32 codes of rows ``rows`` at columns ``k0 ..`` (0 where masked).
+    ``k_words`` = K / 8 as an argument of its own: ``K // 8`` is only known to be even, which
+    made the masked word loads 8 bytes wide."""
     if BITS == 4:
         words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         w_off = rows.to(tl.int64)[:, None] * stride_w + words[None, :]
-        packed = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (words < K // 8)[None, :], other=0)
+        packed = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (words < k_words)[None, :], other=0)
         shifts = tl.arange(0, 8) * 4
         codes = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
     else:
@@ -98,7 +100,7 @@ def _codes_as_float(codes, MODE: tl.constexpr):
 
 
 @triton.jit
-def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_w,
+def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_words, stride_xm, stride_w,
                 k_per_split, m_tiles, n_splits,
                 BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr,
@@ -117,10 +119,14 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
     k_end = tl.minimum(K, k_start + k_per_split)
     zero_const: tl.constexpr = 2 ** (BITS - 1)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    # over K tile indices, not K offsets: k0 = kt * BLOCK_K is then known to be a multiple of
+    # BLOCK_K, so the int4 word index k0 // 8 is aligned for 16-byte copies (a loop over offsets
+    # from pid_k * k_per_split gave 8-byte cp.async per sm_90 SASS)
+    for kt in range(pid_k * (k_per_split // BLOCK_K), (k_end + BLOCK_K - 1) // BLOCK_K):
+        k0 = kt * BLOCK_K
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        codes = _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS, BLOCK_N, BLOCK_K)
+        codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
         x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         g = 0 if PER_ROW else k0 // GROUP
@@ -340,14 +346,14 @@ def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
+def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, k_words, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
                     PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     n_mask = rows < N
     ks = k0 + tl.arange(0, BLOCK_K)
-    codes = _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS, BLOCK_N, BLOCK_K)
+    codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
     g = 0 if PER_ROW else k0 // GROUP
     s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
     if SYMMETRIC:
@@ -476,8 +482,8 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
     counters = _counters(x.device, tiles) if split > 1 and fixup else ws
     if use_dot:
         mode, offset = code_mode(w.bits, x.dtype)
-        _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, x.stride(0),
-                              w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
+        _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // 8,
+                              x.stride(0), w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
                               w.symmetric, has_bias, split > 1, fixup, triton_interpreting(), mode, offset,
                               block_m, block_n, block_k),
              num_warps=warps, num_stages=stages)
@@ -502,8 +508,8 @@ def dequantize(w, dtype: torch.dtype) -> torch.Tensor:
     block_k = min(_pow2_le(k if per_row else w.group), 128)
     out = alloc.empty((n, k), dtype, w.device)
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
-    _dequant((cdiv(n, 32), cdiv(k, block_k)), (w.packed, w.scales_t, zeros, out, n, k, w.packed.stride(0), w.bits,
-                                                w.group, per_row, w.symmetric, 32, block_k), num_warps=4)
+    _dequant((cdiv(n, 32), cdiv(k, block_k)), (w.packed, w.scales_t, zeros, out, n, k, k // 8, w.packed.stride(0),
+                                                w.bits, w.group, per_row, w.symmetric, 32, block_k), num_warps=4)
     return out
 
 
