@@ -167,9 +167,12 @@ class Decoder:
         return self.logits(self._run(tokens[:, None], attend)[:, 0]).float()
 
     def weight_bytes(self) -> int:
-        """Bytes of every weight a decode step reads (for the bandwidth limit)."""
+        """Bytes of every weight a decode step reads (for the bandwidth limit).
+
+        The embedding table counts only as the output head (a step reads one row of it per token).
+        """
         total = 0
-        for obj in [self.embed if self.lm_head is not self.embed else None, self.norm, self.lm_head] + \
+        for obj in [self.norm, self.lm_head] + \
                 [getattr(layer, f) for layer in self.layers for f in Layer.__dataclass_fields__]:
             total += _nbytes(obj)
         return total
