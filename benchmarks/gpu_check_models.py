@@ -35,16 +35,6 @@ import torch
 START = time.perf_counter()
 RESULTS: dict[str, Any] = {"checks": [], "timings": []}
 
-LLAMA_1B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
-    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192},
-    "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128001,
-}
-
-
 def check(name: str, ok: bool, detail: str = "") -> None:
     RESULTS["checks"].append({"name": name, "pass": bool(ok), "detail": detail})
     print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
@@ -99,28 +89,8 @@ def median_time(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -
 
 
 def write_random_checkpoint(config: dict, device: torch.device, dtype: torch.dtype) -> str:
-    from opforge.models.testing import write_checkpoint
-    g = torch.Generator(device=device).manual_seed(0)
-    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    d, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
-
-    def r(*shape: int, std: float = 0.02) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g, device=device) * std).to(dtype).cpu()
-    # embedding std 0.1: tied logits of std ~4.5, peaked enough for stable greedy tokens, sane perplexity
-    w = {"model.embed_tokens.weight": r(v, h, std=0.1), "model.norm.weight": 1 + r(h, std=0.1)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1 + r(h, std=0.1)
-        w[p + "post_attention_layernorm.weight"] = 1 + r(h, std=0.1)
-        w[p + "self_attn.q_proj.weight"] = r(heads * d, h)
-        w[p + "self_attn.k_proj.weight"] = r(kv * d, h)
-        w[p + "self_attn.v_proj.weight"] = r(kv * d, h)
-        w[p + "self_attn.o_proj.weight"] = r(h, heads * d)
-        w[p + "mlp.gate_proj.weight"] = r(f, h)
-        w[p + "mlp.up_proj.weight"] = r(f, h)
-        w[p + "mlp.down_proj.weight"] = r(h, f)
-    directory = write_checkpoint(tempfile.mkdtemp(prefix="opforge-models-check-"), config, w)
-    return directory
+    from opforge.models.testing import write_random_checkpoint as write
+    return write(config, tempfile.mkdtemp(prefix="opforge-models-check-"), device, dtype)
 
 
 def _tps(prefix: str) -> Any:
@@ -175,7 +145,7 @@ def main() -> int:
     args = parser.parse_args()
     import opforge
     from opforge.models import load
-    from opforge.models.testing import TINY_LLAMA
+    from opforge.models.testing import LLAMA_1B, TINY_LLAMA
     from opforge.runtime.device import measure_copy_bandwidth
 
     smoke = args.cpu_smoke or not torch.cuda.is_available()
