@@ -385,4 +385,13 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as exc:            # e.g. the checkpoint or the load failed: report, keep the JSON
+        traceback.print_exc()
+        check("gpu_check_models.py ran to the end", False, f"{type(exc).__name__}: {exc}"[:300])
+        out = os.environ.get("OUT", "./gpu-out")
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "models.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+        sys.exit(1)
