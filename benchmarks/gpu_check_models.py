@@ -242,7 +242,8 @@ def main() -> int:
         hf32.generation_config.eos_token_id = None
         with torch.no_grad():
             ref = hf32(ids).logits.float()
-            hf_tokens = hf32.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+            hf_tokens = hf32.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                                      pad_token_id=0)[0, ids.shape[1]:].tolist()
         ours32 = load(path, device=device, dtype=torch.float32, max_seq_len=256)
         err32 = rel(ours32.forward(ids).float(), ref)
         check("float32 logits vs transformers float32 (<= 1e-4)", err32 <= 1e-4, f"rel err {err32:.2e}")
@@ -333,15 +334,16 @@ def main() -> int:
         hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
         hf.generation_config.eos_token_id = None
         ids = prompt.to(device)
+        mask = torch.ones_like(ids)          # else generate takes token 0 (pad) in the prompt for padding
         n = 16 if smoke else 64
 
         def decode_tps(**kw: Any) -> float:
+            def gen(k: int) -> Any:
+                return hf.generate(ids, attention_mask=mask, max_new_tokens=k, do_sample=False, pad_token_id=0, **kw)
             with torch.no_grad():
-                hf.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, **kw)
-                t_one = median_time(lambda: hf.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0, **kw),
-                                    device, 1)
-                t_all = median_time(lambda: hf.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0, **kw),
-                                    device, 1)
+                gen(4)
+                t_one = median_time(lambda: gen(1), device, 1)
+                t_all = median_time(lambda: gen(n), device, 1)
             return (n - 1) / max(t_all - t_one, 1e-9)
 
         def prefill_tps() -> float:

@@ -112,7 +112,8 @@ def _transformers(path: str, device: torch.device, shape: str, bandwidth: float,
             ids = torch.randint(0, vocab, (b, context), generator=g).to(device)
 
             def gen(k: int) -> Any:
-                return hf.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0, **kw)
+                return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=k,
+                                   do_sample=False, pad_token_id=0, **kw)
             try:
                 with torch.no_grad():
                     gen(2)
