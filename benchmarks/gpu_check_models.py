@@ -333,6 +333,7 @@ def main() -> int:
     def hf_peers() -> None:
         hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
         hf.generation_config.eos_token_id = None
+        hf.generation_config.disable_compile = True    # eager: generate would compile a static-cache forward on CUDA
         ids = prompt.to(device)
         mask = torch.ones_like(ids)          # else generate takes token 0 (pad) in the prompt for padding
         n = 16 if smoke else 64

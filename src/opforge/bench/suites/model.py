@@ -102,6 +102,7 @@ def _transformers(path: str, device: torch.device, shape: str, bandwidth: float,
     context, new, prefill_len, batches = _sizes(shape)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     hf.generation_config.eos_token_id = None
+    hf.generation_config.disable_compile = True    # eager: generate would compile a static-cache forward on CUDA
     limit = bandwidth * 1e9 / weight_bytes
     g = torch.Generator().manual_seed(0)
     vocab = hf.config.vocab_size
