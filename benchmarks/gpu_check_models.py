@@ -10,12 +10,12 @@ Checks (PASS/FAIL): CUDA-graph generation == eager generation (batch 1 and a bat
 of different lengths); prefill + decode logits == full forward; float32 greedy tokens and
 logits vs transformers' float32; bf16 logits error vs transformers' float32 no worse than
 transformers' own bf16 (ratio <= 1.1); int8 logits vs bf16 (reported), int4 perplexity on a
-fixed random-token stream (reported) when opforge.quantize_weight exists in this build.
+fixed random-token stream (reported); a traced decode step uses only opforge ops.
 
 Timings: decode tokens/s at batch 1, context 512 (graphs on and off; int8/int4 when present),
 prefill tokens/s at 1x2048, first token (prefill + capture) for 512 tokens, against
 transformers (default sdpa attention, no compile) with its dynamic and static cache, and
-transformers + opforge.patch. Decode is also shown as % of the weight-bandwidth limit
+transformers + opforge.patch (static cache kept eager). Decode is also shown as % of the weight-bandwidth limit
 (weight bytes / measured copy bandwidth). JSON goes to $OUT/models.json.
 """
 from __future__ import annotations
