@@ -81,6 +81,7 @@ def _list() -> None:
         s = get_suite(name)
         ops = ", ".join(dict.fromkeys(e.op for e in s.entries))
         print(f"  {name:8s} {s.description} [{ops}]", file=out)
+    print("  model    a decoder end to end: decode/prefill tokens/s, bf16/int8/int4 (--shapes 1b,8b)", file=out)
     print("ops: " + ", ".join(op_names()), file=out)
     print("implementations: " + ", ".join(IMPL_ORDER), file=out)
 
@@ -172,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             _list()
             return 0
+        if "model" in (_split(args.suite) or []):      # an end-to-end run, not an op table
+            if _split(args.suite) != ["model"]:
+                raise _UsageError("run --suite model on its own")
+            from opforge.bench.suites.model import main as model_main
+            return model_main(args)
         _check_out_path(args.json, "--json")
         _check_out_path(args.markdown, "--markdown")
         _check_out_path(args.plot, "--plot", (".png", ".svg", ".pdf"))

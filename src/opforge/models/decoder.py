@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 import torch
 
-from . import ops
+import opforge
+
 from .config import ModelConfig, rope_tables
 
 
@@ -58,42 +59,49 @@ class Decoder:
         self.cache_seqlens = torch.zeros(max_batch, device=device, dtype=torch.int32)
         self.scale = config.head_dim ** -0.5
         self._graphs: dict[int, Any] = {}
+        # CPU: the ops always check cache ranges. CUDA: never read seqlens on the host (graph capture,
+        # no sync per step); prefill checks sizes itself and generate keeps seqlens in range.
+        self._check = None if device.type != "cuda" else False
 
     # ---- one layer ---------------------------------------------------------------------------
-    def _qkv(self, layer: Layer, y: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _project_qkv(self, layer: Layer, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q (B, Hq, S, D), k and v (B, Hkv, S, D) as views of one projection, not yet rotated."""
         c = self.config
         b, s, _ = y.shape
-        qkv = ops.linear(y, layer.qkv, layer.qkv_bias).view(b, s, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        qkv = opforge.linear(y, layer.qkv, layer.qkv_bias).view(b, s, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
         q, k, v = qkv.split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=2)
         if c.qk_norm:
-            q, k = ops.rms_norm(q, layer.q_norm, c.rms_norm_eps), ops.rms_norm(k, layer.k_norm, c.rms_norm_eps)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)          # (B, H, S, D) views
-        q, k = ops.rotary_embedding(q, k, self.cos, self.sin, positions)
+            q, k = opforge.rms_norm(q, layer.q_norm, c.rms_norm_eps), opforge.rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)             # (B, H, S, D) views
+
+    def _qkv(self, layer: Layer, y: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v = self._project_qkv(layer, y)
+        q, k = opforge.rotary_embedding(q, k, self.cos, self.sin, positions)
         return q, k, v
 
     def _mlp(self, layer: Layer, y: torch.Tensor) -> torch.Tensor:
-        h = ops.linear(y, layer.gate_up)
+        h = opforge.linear(y, layer.gate_up)
         f = h.shape[-1] // 2
-        return ops.linear(ops.swiglu(h[..., :f], h[..., f:]), layer.down)
+        return opforge.linear(opforge.swiglu(h[..., :f], h[..., f:]), layer.down)
 
     def _out(self, layer: Layer, attn: torch.Tensor) -> torch.Tensor:
         b, _, s, _ = attn.shape
-        return ops.linear(attn.transpose(1, 2).reshape(b, s, -1), layer.o)
+        return opforge.linear(attn.transpose(1, 2).reshape(b, s, -1), layer.o)
 
     def _run(self, ids: torch.Tensor, attend) -> torch.Tensor:
         """Embedding, the layers (``attend(i, layer, y)`` gives the attention output), final norm."""
         eps = self.config.rms_norm_eps
         h = self.embed[ids]
-        y = ops.rms_norm(h, self.layers[0].attn_norm, eps)
+        y = opforge.rms_norm(h, self.layers[0].attn_norm, eps)
         for i, layer in enumerate(self.layers):
-            y, h = ops.add_rms_norm(attend(i, layer, y), h, layer.mlp_norm, eps)
+            y, h = opforge.add_rms_norm(attend(i, layer, y), h, layer.mlp_norm, eps)
             following = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
-            y, h = ops.add_rms_norm(self._mlp(layer, y), h, following, eps)
+            y, h = opforge.add_rms_norm(self._mlp(layer, y), h, following, eps)
         return y
 
     def logits(self, y: torch.Tensor) -> torch.Tensor:
         """Final hidden states (already normalized) to logits."""
-        return ops.linear(y, self.lm_head)
+        return opforge.linear(y, self.lm_head)
 
     # ---- whole sequences, no cache -------------------------------------------------------------
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -110,7 +118,7 @@ class Decoder:
 
         def attend(i: int, layer: Layer, y: torch.Tensor) -> torch.Tensor:
             q, k, v = self._qkv(layer, y, positions)
-            return self._out(layer, ops.attention(q, k, v, causal=True, scale=self.scale))
+            return self._out(layer, opforge.attention(q, k, v, causal=True, scale=self.scale))
         return self.logits(self._run(ids, attend))
 
     # ---- prefill into the cache -------------------------------------------------------------------
@@ -131,8 +139,9 @@ class Decoder:
 
         def attend(i: int, layer: Layer, y: torch.Tensor) -> torch.Tensor:
             q, k, v = self._qkv(layer, y, positions)
-            ops.kv_cache_append(self.k_cache[i][:b], self.v_cache[i][:b], k, v, seqlens)
-            return self._out(layer, ops.attention(q, k, v, causal=True, scale=self.scale))
+            # the sizes were checked above: no host read of seqlens on a GPU
+            opforge.kv_cache_append(self.k_cache[i][:b], self.v_cache[i][:b], k, v, seqlens, check=self._check)
+            return self._out(layer, opforge.attention(q, k, v, causal=True, scale=self.scale))
         y = self._run(ids, attend)
         last = y[torch.arange(b, device=self.device), lengths.long() - 1]
         seqlens.copy_(lengths)
@@ -146,20 +155,24 @@ class Decoder:
         step is a pure function of its static inputs and can be captured and replayed.
         """
         b = tokens.shape[0]
-        positions = seqlens[:, None]
         total = seqlens + 1
 
         def attend(i: int, layer: Layer, y: torch.Tensor) -> torch.Tensor:
-            q, k, v = self._qkv(layer, y, positions)
-            ops.kv_cache_append(self.k_cache[i][:b], self.v_cache[i][:b], k, v, seqlens)
-            return self._out(layer, ops.decode_attention(q, self.k_cache[i][:b], self.v_cache[i][:b], total,
+            q, k, v = self._project_qkv(layer, y)
+            # one pass: rotate q and k at position seqlens[b], write k and v into the cache there
+            q = opforge.rotary_kv_cache_append(q, k, v, self.k_cache[i][:b], self.v_cache[i][:b], seqlens,
+                                               self.cos, self.sin, check=self._check)
+            return self._out(layer, opforge.decode_attention(q, self.k_cache[i][:b], self.v_cache[i][:b], total,
                                                          scale=self.scale))
         return self.logits(self._run(tokens[:, None], attend)[:, 0]).float()
 
     def weight_bytes(self) -> int:
-        """Bytes of every weight a decode step reads (for the bandwidth limit)."""
+        """Bytes of every weight a decode step reads (for the bandwidth limit).
+
+        The embedding table counts only as the output head (a step reads one row of it per token).
+        """
         total = 0
-        for obj in [self.embed if self.lm_head is not self.embed else None, self.norm, self.lm_head] + \
+        for obj in [self.norm, self.lm_head] + \
                 [getattr(layer, f) for layer in self.layers for f in Layer.__dataclass_fields__]:
             total += _nbytes(obj)
         return total

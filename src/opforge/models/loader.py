@@ -9,7 +9,8 @@ from typing import Any, Optional, Union
 
 import torch
 
-from . import ops
+import opforge
+
 from .config import UnsupportedModelError, parse_config
 from .decoder import Decoder, Layer
 
@@ -51,8 +52,6 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
                                     "sliding-window attention is not supported; lower max_seq_len")
     if quantize is not None and quantize not in _QUANT_BITS:
         raise ValueError(f"quantize must be None, 'int8' or 'int4', got {quantize!r}")
-    if quantize is not None and not ops.have("quantize_weight"):
-        ops.quantize_weight(torch.zeros(1, group_size), _QUANT_BITS[quantize], group_size)   # raises, naming it
     dc = device_config(device)
     device = torch.device(dc.device)
     dtype = dtype or dc.dtype
@@ -61,7 +60,7 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
         raise FileNotFoundError(f"no *.safetensors in {path}")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        tensors.update(ops.load_tensors(file, device, dtype))
+        tensors.update(opforge.load_safetensors(file, device=device, dtype=dtype))
     tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
 
     def take(name: str, required: bool = True) -> Optional[torch.Tensor]:
@@ -79,7 +78,7 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
         if w.shape[1] % group_size:         # opforge never pads K; such a weight stays dense
             kept_dense.append(name)
             return w
-        return ops.quantize_weight(w, _QUANT_BITS[quantize], group_size)
+        return opforge.quantize_weight(w, _QUANT_BITS[quantize], group_size)
 
     layers = []
     for i in range(config.num_layers):

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import ops
+import opforge
 
 _GATED_FAMILIES = ("Llama", "Mistral", "Qwen2", "Qwen3")
 _TANH_GELU = ("NewGELUActivation", "GELUTanh", "GELUPytorchTanh", "PytorchGELUTanh", "FastGELUActivation")
@@ -38,21 +38,19 @@ class PatchReport:
 
 def _rms_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     eps = getattr(self, "variance_epsilon", None) or getattr(self, "eps", 1e-6)
-    return ops.rms_norm(x, self.weight, eps)
+    return opforge.rms_norm(x, self.weight, eps)
 
 
 def _layer_norm_forward(self: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    import opforge
     return opforge.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 def _gated_mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+    return self.down_proj(opforge.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 def _gelu_forward(approximate: str):
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-        import opforge
         return opforge.gelu(x, approximate=approximate)
     return forward
 
@@ -78,7 +76,7 @@ def _rotary_attention_forward(original):
         table_cos = cos[..., :half].expand(b, s, half).reshape(b * s, half).float()
         table_sin = sin[..., :half].expand(b, s, half).reshape(b * s, half).float()
         rows = torch.arange(b * s, device=q.device).view(b, s)
-        q, k = ops.rotary_embedding(q.transpose(1, 2), k.transpose(1, 2), table_cos, table_sin, rows)
+        q, k = opforge.rotary_embedding(q.transpose(1, 2), k.transpose(1, 2), table_cos, table_sin, rows)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -103,7 +101,7 @@ def _opforge_attention(module: Any, query: torch.Tensor, key: torch.Tensor, valu
     """
     if attention_mask is not None or dropout:
         return _eager_fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    out = ops.attention(query, key, value, causal=query.shape[2] > 1, scale=scaling)
+    out = opforge.attention(query, key, value, causal=query.shape[2] > 1, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -96,3 +96,55 @@ def tiny_decoder(config: Optional[dict[str, Any]] = None, seed: int = 0, **load_
     from .loader import load
     kwargs = {"device": "cpu", "dtype": torch.float32, "max_seq_len": 128, "max_batch": 4, **load_kwargs}
     return load(write_tiny_checkpoint(config, seed), **kwargs)
+
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+#: Llama-3.2-1B's shapes (tied embeddings, llama3 rope scaling); weights are random.
+LLAMA_1B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": _LLAMA3_ROPE, "tie_word_embeddings": True, "hidden_act": "silu",
+    "bos_token_id": 128000, "eos_token_id": 128001,
+}
+
+#: Llama-3-8B's shapes (separate output head, no rope scaling); weights are random.
+LLAMA_8B = dict(LLAMA_1B, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
+                max_position_embeddings=8192, rope_scaling=None, tie_word_embeddings=False)
+
+
+def write_random_checkpoint(config: dict[str, Any], directory: Optional[str] = None,
+                            device: Any = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> str:
+    """A random checkpoint of any size, drawn on ``device`` and saved in ``dtype`` (llama family).
+
+    Scales give a usable model: embedding std 0.1 (tied logits peaked enough for stable greedy
+    tokens), projections std 0.02, norms 1 + N(0, 0.1). Returns the directory.
+
+    Example:
+        >>> import os
+        >>> from opforge.models.testing import TINY_LLAMA, write_random_checkpoint
+        >>> sorted(os.listdir(write_random_checkpoint(TINY_LLAMA)))
+        ['config.json', 'model.safetensors']
+    """
+    g = torch.Generator(device=device).manual_seed(seed)
+    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    d = config.get("head_dim") or h // heads
+
+    def r(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device=device) * std).to(dtype).cpu()
+    w = {"model.embed_tokens.weight": r(v, h, std=0.1), "model.norm.weight": 1 + r(h, std=0.1)}
+    if not config.get("tie_word_embeddings", False):
+        w["lm_head.weight"] = r(v, h)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1 + r(h, std=0.1)
+        w[p + "post_attention_layernorm.weight"] = 1 + r(h, std=0.1)
+        for n, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d)):
+            w[p + f"self_attn.{n}_proj.weight"] = r(rows, h)
+        w[p + "self_attn.o_proj.weight"] = r(h, heads * d)
+        w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = r(f, h), r(f, h)
+        w[p + "mlp.down_proj.weight"] = r(h, f)
+    return write_checkpoint(directory or tempfile.mkdtemp(prefix="opforge-random-"), config, w)
