@@ -10,7 +10,8 @@ from typing import Optional
 import torch
 
 from ...runtime import dispatch
-from . import reference
+from ...runtime.compile_support import compiled
+from . import fakes, reference
 from .problem import (OPS, FusedCall, RotaryCall, check_append_range, check_table_range, prepare_append,
                       prepare_fused, prepare_rotary)
 
@@ -46,6 +47,7 @@ def _register() -> None:
                              "torch composite ops, float32 compute (float64 for float64 inputs)", _problem_builder)
 
 
+@compiled("rotary_embedding", fakes.rotary_embedding, route=fakes.route_rotary_embedding)
 def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      positions: torch.Tensor, *, interleaved: bool = False,
                      inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +93,7 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     return dispatch.run("rotary_embedding", call, q)
 
 
+@compiled("kv_cache_append", fakes.kv_cache_append, mutates=("k_cache", "v_cache"))
 def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     cache_seqlens: torch.Tensor, *, check: Optional[bool] = None) -> None:
     """Write k and v into the caches at positions ``cache_seqlens[b] .. cache_seqlens[b] + S_new - 1``.
@@ -129,6 +132,8 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     return None
 
 
+@compiled("rotary_kv_cache_append", fakes.rotary_kv_cache_append, mutates=("k_cache", "v_cache"),
+          route=fakes.route_rotary_kv_cache_append)
 def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                            v_cache: torch.Tensor, cache_seqlens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            positions: Optional[torch.Tensor] = None, *, interleaved: bool = False,
