@@ -34,6 +34,15 @@ names them: ``@compiled("kv_cache_append", fake, mutates=("k_cache", "v_cache"))
 returns None (or only its new outputs) and must not write anything. ``grad_check=False`` skips the
 autograd refusal for ops whose inputs never carry a graph (integer indices, caches). Callers
 with their own entry point (``opforge.fuse``) use ``requires_grad_in`` and ``refuse_autograd``.
+
+What one schema cannot say goes through ``route``: ``@compiled(name, fake, route=r)`` (or
+``compiled(name, None, route=r)``, registering no op for the function itself) makes dynamo trace
+``r(*args, **kwargs)`` instead, which calls ops registered with ``library_op``: an in-place
+variant when ``inplace=True`` (``rotary_embedding_`` declares q and k mutated and the route
+returns them), an ``out=`` variant, a ``QuantizedWeight`` passed as its plain tensors and ints,
+delays as ``list[int]`` or a tensor. See ``ops/rotary/fakes.py``, ``ops/quant/fakes.py``.
+torch refuses autograd formulas on mutating ops, so those have no backward registered: under
+``torch.compile`` only the functional ops raise ``InferenceOnlyError`` on a backward.
 """
 from __future__ import annotations
 
