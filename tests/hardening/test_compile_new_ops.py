@@ -195,3 +195,26 @@ def test_in_place_variants_under_cuda_graphs():
             torch.testing.assert_close(x, y)
         for n in ("q", "k", "k_cache", "v_cache", "out"):
             torch.testing.assert_close(args[n], eager[n])
+
+
+def _rotate_views_in_place(buf, kbuf, pos, cos, sin):
+    q = buf.view(B, 3, HQ, D).transpose(1, 2)  # (B, S, H, D) buffers viewed as (B, H, S, D)
+    k = kbuf.view(B, 3, HKV, D).transpose(1, 2)
+    opforge.rotary_embedding(q, k, cos, sin, pos, inplace=True)
+    return buf.sum(-1)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_in_place_rotary_of_strided_views_writes_the_base_buffers_under_compile(backend):
+    torch._dynamo.reset()
+    a = _inputs("cpu")
+    f = torch.compile(_rotate_views_in_place, fullgraph=True, backend=backend)
+    buf, kbuf, pos = torch.randn(B, 3, HQ * D), torch.randn(B, 3, HKV * D), torch.tensor([[1, 2, 3], [4, 5, 6]])
+    buf2, kbuf2, before = buf.clone(), kbuf.clone(), buf.clone()
+    got = f(buf, kbuf, pos, a["cos"], a["sin"])
+    want = _rotate_views_in_place(buf2, kbuf2, pos, a["cos"], a["sin"])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    assert torch.equal(buf, buf2) and torch.equal(kbuf, kbuf2) and rel_error(buf, before) > 1e-3
+    q_ref, _ = opforge.rotary_embedding(before.view(B, 3, HQ, D).transpose(1, 2), kbuf2.view(B, 3, HKV, D)
+                                        .transpose(1, 2), a["cos"], a["sin"], pos)
+    assert rel_error(buf.view(B, 3, HQ, D).transpose(1, 2), q_ref) < 1e-6
