@@ -13,7 +13,8 @@ cases = {
     "decode_attention": (opforge.decode_attention, (a["q"], a["k_cache"], a["v_cache"], a["lens"]), {}),
     "rotary_embedding": (opforge.rotary_embedding, (a["q"], a["k"], a["cos"], a["sin"], pos), {}),
     "kv_cache_append": (opforge.kv_cache_append, (a["k_cache"], a["v_cache"], a["k"], a["v"], a["lens"]), {}),
-    "rotary_kv_cache_append": (opforge.rotary_kv_cache_append, (a["q"], a["k"], a["v"], a["k_cache"], a["v_cache"], a["lens"], a["cos"], a["sin"]), {}),
+    "rotary_kv_cache_append": (opforge.rotary_kv_cache_append,
+                               (a["q"], a["k"], a["v"], a["k_cache"], a["v_cache"], a["lens"], a["cos"], a["sin"]), {}),
     "apply_delay": (opforge.apply_delay, (a["codes"], DELAYS), dict(bos_id=-1, pad_id=-2)),
     "revert_delay": (opforge.revert_delay, (a["codes"], DELAYS), dict(pad_id=-2)),
     "linear (dense)": (opforge.linear, (h, a["w"]), {}),
@@ -37,7 +38,9 @@ t1 = min(timeit.repeat(lambda: w(x), number=n, repeat=7)) / n * 1e9
 t0 = min(timeit.repeat(lambda: body(x), number=n, repeat=7)) / n * 1e9
 print(f"wrapper on an identity body: {t1:.0f} ns vs {t0:.0f} ns undecorated ({t1-t0:.0f} ns)")
 
-def body(x: torch.Tensor, k: torch.Tensor, c: torch.Tensor, s: torch.Tensor, p: torch.Tensor, *, interleaved: bool = False) -> torch.Tensor: return x
+def body(x: torch.Tensor, k: torch.Tensor, c: torch.Tensor, s: torch.Tensor, p: torch.Tensor, *,
+         interleaved: bool = False) -> torch.Tensor:
+    return x
 w = compiled("bench_identity5", lambda *a, **k: torch.empty_like(a[0]))(body)
 x = torch.ones(4)
 n = 200000
