@@ -26,6 +26,7 @@ def compile_ptx(kernel, pointers: dict, ints: tuple, floats: tuple, consts: dict
     sig.update({a: "i32" for a in ints})
     sig.update({a: "fp32" for a in floats})
     sig.update({k: "constexpr" for k in consts})
+    sig = {a: sig[a] for a in kernel.arg_names}   # the kernel's parameter order
     aligned = list(pointers) + [a for a in ints if a.endswith(("_sb", "_sh", "_ss"))]
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
@@ -54,7 +55,7 @@ def prefill(dtype: str, d: int, causal: bool, cfg=None) -> str:
     ints = ("sq", "sk", "hq", "group", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss",
             "o_sb", "o_sh", "o_ss")
     consts = dict(D=d, BLOCK_D=bd, PAD_D=bd != d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, DOT_F32=False,
-                  IEEE=dtype == "fp32")
+                  IEEE=dtype == "fp32", SCALE_POS=True)
     return f"{bm}x{bn} w{warps} s{stages}: " + ptxas(compile_ptx(tk._prefill_kernel, ptrs, ints, ("qk_scale",),
                                                                  consts, warps, stages))
 
@@ -63,10 +64,11 @@ def decode(dtype: str, d: int, rows: int, cfg=None, direct: bool = False) -> str
     br, bn, warps, stages = cfg or tk.decode_config(d, 4 if dtype == "fp32" else 2, rows)
     bd = tk.head_block(d)
     ptrs = {"q_ptr": "*" + dtype, "k_ptr": "*" + dtype, "v_ptr": "*" + dtype, "lens_ptr": "*i32",
-            "po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*" + dtype}
-    ints = ("hkv", "hq", "sq", "rows", "s_max", "split_len", "num_splits", "q_sb", "q_sh", "q_ss",
+            "po_ptr": "*fp32", "o_ptr": "*" + dtype}
+    ints = ("lse_off", "hkv", "hq", "sq", "rows", "s_max", "split_len", "num_splits", "q_sb", "q_sh", "q_ss",
             "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss")
-    consts = dict(D=d, BLOCK_D=bd, BLOCK_R=br, BLOCK_N=bn, DOT_F32=False, IEEE=dtype == "fp32", DIRECT=direct)
+    consts = dict(D=d, BLOCK_D=bd, BLOCK_R=br, BLOCK_N=bn, DOT_F32=False, IEEE=dtype == "fp32", DIRECT=direct,
+                  PAD_D=bd != d)
     return f"{br}x{bn} w{warps} s{stages}: " + ptxas(compile_ptx(tk._decode_split_kernel, ptrs, ints, ("qk_scale",),
                                                                  consts, warps, stages))
 
@@ -74,8 +76,8 @@ def decode(dtype: str, d: int, rows: int, cfg=None, direct: bool = False) -> str
 def combine(d: int, splits: int) -> str:
     bs = max(2, tk.next_power_of_2(splits))
     consts = dict(D=d, BLOCK_D=tk.head_block(d), BLOCK_S=bs, CHUNK_S=min(bs, 16))
-    return ptxas(compile_ptx(tk._decode_combine_kernel, {"po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*bf16"},
-                             ("num_splits",), (), consts, 2, 2))
+    return ptxas(compile_ptx(tk._decode_combine_kernel, {"po_ptr": "*fp32", "o_ptr": "*bf16"},
+                             ("lse_off", "num_splits"), (), consts, 2, 2))
 
 
 def main() -> None:

@@ -44,6 +44,9 @@ from opforge.testing import TOLERANCE, rel_error
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (128256, 2048)]
 MS = [1, 4, 8, 16, 64, 4096]
+#: Timed first, on every shape (the issue's targets); then MS_LATER while the budget lasts.
+MS_FIRST = [1, 16, 64, 4096]
+MS_LATER = [4, 8]
 T0 = time.perf_counter()
 
 
@@ -61,7 +64,7 @@ class Bench:
     def ms(self, fn: Callable[[], Any]) -> float:
         if self.device == "cuda":
             from triton.testing import do_bench
-            return do_bench(fn, warmup=5, rep=25, return_mode="median")
+            return do_bench(fn, warmup=3, rep=15, return_mode="median")
         fn()
         t = time.perf_counter()
         fn()
@@ -122,16 +125,17 @@ def int8pack(w: torch.Tensor):
 
 # -- 1. correctness --------------------------------------------------------------------------------------
 
-CORRECTNESS_BUDGET = 45.0   # seconds: each new constexpr combination compiles (~1 s); timing comes next
+CORRECTNESS_BUDGET = 30.0   # seconds: each new constexpr combination compiles (~1 s); timing comes next
 
 
 def correctness(device: str, smoke: bool, results: dict) -> None:
     """The timed formats at every variant's M; the other formats at M = 1 and 17 (both kernels)."""
     n, k = (64, 256) if smoke else (1536, 2048)
-    full = (1, 3, 17) if smoke else (1, 3, 16, 17, 64, 300)
+    full = (1, 3, 17) if smoke else (1, 2, 3, 16, 17, 64, 300)
     w = torch.randn(n, k, device=device) * 0.02
-    plan = [(4, 128, False, full), (8, -1, True, full[:3] + full[4:5]), (8, 128, False, (1, 16)),
-            (4, 32, False, (1, 17)), (4, -1, True, (1, 17)), (4, 128, True, (1, 17)), (8, 32, True, (1, 17)),
+    few = (1, 3, 17)        # the GEMV kernel with 1 and 4 rows, the dot kernel
+    plan = [(4, 128, False, full), (8, -1, True, (1, 2, 3, 16, 17)), (8, 128, False, (1, 16)),
+            (4, 32, False, few), (4, -1, True, few), (4, 128, True, few), (8, 32, True, (1, 2, 17)),
             (8, -1, False, (1, 17))]
     for bits, g, sym, ms in plan:
         fmt = f"int{bits} g{g} {'sym' if sym else 'asym'}"
@@ -198,12 +202,13 @@ def time_shape(bench: Bench, n: int, k: int, ms: list, copy_gbs: float, results:
         except Exception as exc:
             notes["tinygemm"] = f"unavailable: {exc}"[:300]
         try:
-            peers["torch int8pack"], _ = int8pack(w)
+            if min(ms) < 64:
+                peers["torch int8pack"], _ = int8pack(w)
         except Exception as exc:
             notes["int8pack"] = f"unavailable: {type(exc).__name__}: {exc}"[:300]
     results["peer_notes"].update({f"{n}x{k} {key}": v for key, v in notes.items()})
     for m in ms:
-        if bench.left() < 8:
+        if bench.left() < 6:
             print(f"-- budget spent: skipping {n}x{k} M={m} and later", flush=True)
             results["skipped"].append(f"{n}x{k} M={m}")
             continue
@@ -219,7 +224,7 @@ def time_shape(bench: Bench, n: int, k: int, ms: list, copy_gbs: float, results:
         if "torch int4 tinygemm" in peers:
             impls.append(("torch int4 tinygemm", lambda: peers["torch int4 tinygemm"](x),
                           n * k // 2 + (k // 128) * n * 4 + io_bytes, None))
-        if "torch int8pack" in peers:
+        if "torch int8pack" in peers and m < 64:     # 36 ms .. 2.3 s per call from M = 64 on
             impls.append(("torch int8pack", lambda: peers["torch int8pack"](x), n * k + n * 2 + io_bytes, None))
         if m >= 1024:
             from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
@@ -266,62 +271,100 @@ def time_shape(bench: Bench, n: int, k: int, ms: list, copy_gbs: float, results:
     del w, q4, q8c, q8g, peers
 
 
+# The defaults that are still guesses (int4 g128): (BLOCK_M, BLOCK_N, BLOCK_K, use_dot, warps, stages).
+# GEMV (use_dot False) takes M <= BLOCK_M <= 16; the dot kernel any M. Defaults are marked.
 SWEEP = {
-    1: [(1, 128, 128, False, 4, 3), (1, 64, 128, False, 4, 3), (1, 256, 128, False, 8, 3), (1, 128, 128, False, 8, 3),
-        (1, 64, 128, False, 2, 3), (1, 64, 256, False, 4, 3), (1, 128, 256, False, 8, 3), (1, 32, 512, False, 4, 3),
-        (16, 64, 128, True, 4, 3)],
-    16: [(16, 32, 128, True, 4, 3), (16, 64, 128, True, 4, 3), (16, 128, 128, True, 4, 3), (16, 64, 128, True, 4, 4),
-         (16, 128, 128, True, 8, 3), (16, 256, 128, True, 8, 3), (16, 64, 64, True, 4, 4)],
-    64: [(64, 64, 64, True, 4, 3), (64, 64, 128, True, 4, 3), (64, 128, 64, True, 4, 3), (64, 32, 128, True, 4, 3),
-         (32, 64, 128, True, 4, 3), (64, 128, 128, True, 8, 3), (16, 128, 128, True, 4, 3)],
-    4096: [(128, 128, 64, True, 8, 3), (128, 256, 64, True, 8, 3), (128, 128, 128, True, 8, 3),
-           (64, 128, 128, True, 4, 4), (128, 128, 64, True, 4, 4), (64, 256, 64, True, 8, 4)],
+    1: [(1, 128, 128, False, 4, 3), (1, 256, 128, False, 4, 3), (1, 64, 128, False, 4, 3),
+        (1, 128, 256, False, 4, 3), (1, 256, 128, False, 8, 3), (16, 64, 128, True, 4, 3)],
+    4: [(4, 128, 128, False, 4, 3), (4, 64, 128, False, 4, 3), (16, 64, 128, True, 4, 3)],
+    8: [(16, 64, 128, True, 4, 3), (8, 32, 128, False, 4, 3)],
+    16: [(16, 64, 128, True, 4, 3), (16, 128, 128, True, 4, 3), (16, 32, 128, True, 4, 3), (16, 64, 128, True, 4, 4)],
+    64: [(64, 64, 64, True, 4, 3), (64, 64, 128, True, 4, 3), (64, 128, 64, True, 4, 3), (32, 64, 128, True, 4, 3),
+         (16, 128, 128, True, 4, 3)],
 }
+#: split targets (programs per SM) and the in-kernel split reduction, timed with the default tiles
+SPLIT_CHOICES = [(2, False), (4, False), (8, False), (4, True), (8, True)]
+#: rows at which "dequantize + cuBLAS" (the dequant_gemm variant) is timed against the Triton GEMM
+DEQUANT_MS = [256, 1024, 4096]
+SWEEP_BUDGET = 55.0
 
 
 def sweep(bench: Bench, results: dict) -> None:
-    """Time alternative tile configs (and split targets) of int4 g128 on two shapes, to set the defaults."""
+    """Time the choices whose defaults are guesses, int4 g128 on a small and a large shape: tile
+    configs per M, split targets and the in-kernel split reduction (M <= 16), and the M from which
+    dequantize + cuBLAS beats the Triton GEMM. Prints the best per (shape, M) last."""
     from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
     smoke = bench.device == "cpu"
+    bench.budget = min(bench.budget, SWEEP_BUDGET)
+    best: dict = {}
+
+    def timed(label: str, key: tuple, fn, ref, nbytes: int, default: bool, row: dict) -> None:
+        if bench.left() < 3:
+            results["skipped"].append(f"sweep {label}")
+            return
+        try:
+            with alloc.poisoned_outputs():
+                y = fn()
+            if ref is not None:
+                row["err"] = rel_error(y, ref)
+                row["ok"] = row["err"] <= TOLERANCE[torch.bfloat16]
+            row["ms"] = bench.ms(fn)
+            row["pct_copy"] = 100.0 * nbytes / (row["ms"] * 1e-3) / 1e9 / results["copy_gbs"]
+            if row.get("ok", True) and (key not in best or row["ms"] < best[key][0]):
+                best[key] = (row["ms"], label, default)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        results["sweep"].append(row)
+        print(f"sweep {label:62s} " +
+              (f"{row['ms'] * 1e3:8.1f} us {row['pct_copy']:5.1f}%{' err %.1e' % row['err'] if 'err' in row else ''}"
+               f"{'  (FAIL)' if row.get('ok') is False else ''}{'  <- default' if default else ''}"
+               if "ms" in row else row["error"]), flush=True)
+
     for n, k in [(64, 256)] if smoke else [(4096, 4096), (28672, 8192)]:
         w = torch.randn(n, k, device=bench.device, dtype=torch.bfloat16) * 0.02
         q4 = opforge.quantize_weight(w, 4, 128)
         x1 = torch.randn(1, k, device=bench.device, dtype=torch.bfloat16)
         base = bench.ms(lambda: F.linear(x1, w))
+        print(f"sweep {n}x{k}: bf16 cuBLAS M=1 {base * 1e3:.1f} us", flush=True)
         for m, configs in SWEEP.items():
-            if smoke:
-                if m > 64:
-                    continue
-                configs = configs[:2]
             x = torch.randn(m, k, device=bench.device, dtype=torch.bfloat16)
             call = qproblem.prepare(x, q4, None)
             default = qtk.tile_config(call.problem)
-            ref = oracle(x, q4) if m <= 64 else None
-            for cfg in configs:
-                for pps, fixup in ([(2, False), (4, False), (8, False), (4, True), (8, True)] if m <= 16
-                                   else [(4, False)]):
-                    if bench.left() < 5:
-                        results["skipped"].append(f"sweep {n}x{k} M={m} {cfg}")
-                        continue
-                    row: dict[str, Any] = dict(shape=[n, k], m=m, config=list(cfg), programs_per_sm=pps,
-                                               fixup=fixup, default=(cfg == default and pps == qtk.PROGRAMS_PER_SM
-                                                                     and fixup == qtk.SPLIT_FIXUP))
-                    try:
-                        fn = (lambda: qtk.launch_config(call, cfg, pps, fixup))
-                        y = fn()
-                        if ref is not None:
-                            row["err"] = rel_error(y, ref)
-                        row["ms"] = bench.ms(fn)
-                        row["pct_copy"] = 100.0 * (q4.nbytes + x.numel() * 2 + m * n * 2) / (row["ms"] * 1e-3) / 1e9 \
-                            / results["copy_gbs"]
-                    except Exception as exc:
-                        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-                    results["sweep"].append(row)
-                    print(f"sweep {n}x{k} M={m:<5d} {str(cfg):34s} pps={pps}{' fixup' if fixup else '      '} " +
-                          (f"{row['ms'] * 1e3:8.1f} us {row['pct_copy']:5.1f}%{' err %.1e' % row['err'] if 'err' in row else ''}"
-                           f"{'  <- default' if row['default'] else ''}" if "ms" in row else row["error"]), flush=True)
-        print(f"sweep {n}x{k}: bf16 cuBLAS M=1 {base * 1e3:.1f} us", flush=True)
+            ref = oracle(x, q4)
+            nbytes = q4.nbytes + x.numel() * 2 + m * n * 2
+            choices = [(cfg, qtk.PROGRAMS_PER_SM, qtk.SPLIT_FIXUP) for cfg in (configs[:2] if smoke else configs)]
+            if m <= 16:
+                choices += [(default, pps, fx) for pps, fx in SPLIT_CHOICES
+                            if (pps, fx) != (qtk.PROGRAMS_PER_SM, qtk.SPLIT_FIXUP)]
+            for cfg, pps, fixup in choices:
+                label = f"{n}x{k} M={m:<4d} {str(cfg):32s} pps={pps}{' fixup' if fixup else ''}"
+                is_default = cfg == default and pps == qtk.PROGRAMS_PER_SM and fixup == qtk.SPLIT_FIXUP
+                row = dict(shape=[n, k], m=m, config=list(cfg), programs_per_sm=pps, fixup=fixup, default=is_default)
+                timed(label, (n, k, m), lambda: qtk.launch_config(call, cfg, pps, fixup), ref, nbytes, is_default, row)
+        for m in ([64] if smoke else DEQUANT_MS):
+            x = torch.randn(m, k, device=bench.device, dtype=torch.bfloat16)
+            call = qproblem.prepare(x, q4, None)
+            gemm_cfg = qtk.tile_config(call.problem)
+            nbytes = q4.nbytes + x.numel() * 2 + m * n * 2
+            ref = oracle(x, q4) if m <= 256 else None
+            default_dq = qproblem.DEQUANT_GEMM_MIN_M is not None and m >= qproblem.DEQUANT_GEMM_MIN_M
+            for name, fn, is_default in (("triton GEMM", lambda: qtk.launch_config(call, gemm_cfg), not default_dq),
+                                         ("dequant+cuBLAS", lambda: qtk.launch_dequant_gemm(call), default_dq),
+                                         ("bf16 cuBLAS (dense)", lambda: F.linear(x, w), False)):
+                label = f"{n}x{k} M={m:<4d} {name}"
+                row = dict(shape=[n, k], m=m, impl=name, default=is_default)
+                dense = name.startswith("bf16")
+                timed(label, (n, k, m, "dense" if dense else "quant"), fn, None if dense else ref, nbytes, is_default,
+                      row)
         del w, q4
+    print("== sweep: best per (shape, M); 'quant' rows: Triton GEMM vs dequant+cuBLAS, 'dense': the bf16 reference")
+    for key, (ms_, label, is_default) in best.items():
+        verdict = "(reference)" if key[-1] == "dense" else "(the default)" if is_default else "(NOT the default)"
+        print(f"  best {label:62s} {ms_ * 1e3:8.1f} us  {verdict}")
+    skipped = [x for x in results["skipped"] if x.startswith("sweep")]
+    if skipped:
+        print(f"  sweep budget spent: {len(skipped)} choices not timed, from {skipped[0]}")
+    results["sweep_best"] = {str(key): dict(ms=v[0], choice=v[1], default=v[2]) for key, v in best.items()}
 
 
 def judge_targets(results: dict) -> list[str]:
@@ -353,7 +396,7 @@ def judge_targets(results: dict) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU through the interpreter")
-    ap.add_argument("--budget", type=float, default=110.0)
+    ap.add_argument("--budget", type=float, default=95.0)
     ap.add_argument("--sweep", action="store_true", help="only the tile-config sweep (a second run, for tuning)")
     ap.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = ap.parse_args()
@@ -387,14 +430,16 @@ def main() -> int:
         traceback.print_exc()
     print(f"== timing ({elapsed():.0f} s so far)", flush=True)
     shapes = [(64, 256), (96, 512)] if args.cpu_smoke else SHAPES
-    ms = [1, 16, 17, 1024] if args.cpu_smoke else MS
-    for n, k in shapes:
-        try:
-            time_shape(bench, n, k, ms, copy_gbs, results)
-        except Exception:
-            traceback.print_exc()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+    phases = [[1, 16, 1024], [4, 17]] if args.cpu_smoke else [MS_FIRST, MS_LATER]
+    ms = sorted(set(m for phase in phases for m in phase))
+    for phase in phases:
+        for n, k in shapes:
+            try:
+                time_shape(bench, n, k, phase, copy_gbs, results)
+            except Exception:
+                traceback.print_exc()
+            if device == "cuda":
+                torch.cuda.empty_cache()
     print(f"== targets (int4/int8 vs cuBLAS bf16, {elapsed():.0f} s)")
     for line in judge_targets(results):
         print(line)

@@ -19,7 +19,8 @@ from triton.compiler import ASTSource
 from opforge.ops.quant import triton_kernels as tk
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "out_ptr", "N", "K", "stride_xm", "stride_w", "k_per_split")
+ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "out_ptr", "N", "K", "stride_xm", "stride_w", "k_per_split",
+           "words_per_split")
 
 
 def compile_kernel(bits: int, group: int, x: str, config: tuple, partial: bool = False, symmetric: bool = False):
@@ -30,11 +31,11 @@ def compile_kernel(bits: int, group: int, x: str, config: tuple, partial: bool =
         kernel = tk._qmm_kernel
         mode, offset = tk.code_mode(bits, {"bf16": tk.torch.bfloat16, "fp16": tk.torch.float16}[x])
         consts = dict(common, F32_DOT=False, CODE_MODE=mode, CODE_OFFSET=offset, BLOCK_M=block_m)
-        ints = ("M", "N", "K", "stride_xm", "stride_w", "k_per_split", "m_tiles", "n_splits")
+        ints = ("M", "N", "K", "k_words", "stride_xm", "stride_w", "k_per_split", "m_tiles", "n_splits")
     else:
         kernel = tk._gemv_kernel
-        consts = common
-        ints = ("N", "K", "k_words", "stride_w", "k_per_split", "n_splits")
+        consts = dict(common, BLOCK_M=block_m, LOP3=True)
+        ints = ("M", "N", "K", "k_words", "stride_xm", "stride_w", "words_per_split", "n_splits")
     sig = {"x_ptr": "*" + x, "w_ptr": "*i32" if bits == 4 else "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16",
            "b_ptr": "*fp16", "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig.update({a: "i32" for a in ints})
@@ -87,14 +88,15 @@ def compile_matrix() -> int:
         sig = {"x_ptr": "*" + x, "w_ptr": "*i32" if bits == 4 else "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16",
                "b_ptr": "*" + x, "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
         if kind == "gemv":
-            kernel, consts = tk._gemv_kernel, common
-            sig.update({a: "i32" for a in ("N", "K", "k_words", "stride_w", "k_per_split", "n_splits")})
+            kernel, consts = tk._gemv_kernel, dict(common, BLOCK_M=4 if bias else 1, LOP3=x == "bf16")
+            sig.update({a: "i32" for a in ("M", "N", "K", "k_words", "stride_xm", "stride_w", "words_per_split",
+                                           "n_splits")})
         else:
             mode, offset = tk.code_mode(bits, dtypes[x])
             kernel = tk._qmm_kernel
             consts = dict(common, F32_DOT=False, CODE_MODE=mode, CODE_OFFSET=offset, BLOCK_M=16)
-            sig.update({a: "i32" for a in ("M", "N", "K", "stride_xm", "stride_w", "k_per_split", "m_tiles",
-                                           "n_splits")})
+            sig.update({a: "i32" for a in ("M", "N", "K", "k_words", "stride_xm", "stride_w", "k_per_split",
+                                           "m_tiles", "n_splits")})
         try:
             _compile(kernel, sig, consts)
         except Exception as exc:
@@ -104,7 +106,7 @@ def compile_matrix() -> int:
         try:
             _compile(tk._dequant_kernel, {"w_ptr": "*i32" if bits == 4 else "*u8", "s_ptr": "*fp16",
                                           "z_ptr": "*fp16", "out_ptr": "*" + out, "N": "i32", "K": "i32",
-                                          "stride_w": "i32"},
+                                          "k_words": "i32", "stride_w": "i32"},
                      dict(BITS=bits, GROUP=128, PER_ROW=per_row, SYMMETRIC=sym, BLOCK_N=32, BLOCK_K=128))
         except Exception as exc:
             fails += 1
@@ -125,7 +127,9 @@ def main() -> None:
     if "--matrix" in sys.argv:
         sys.exit(1 if compile_matrix() else 0)
     for bits in (4, 8):
-        for cfg in [(1, 64, 128, False, 4, 3), (1, 128, 128, False, 4, 3), (1, 64, 256, False, 4, 3),
+        for cfg in [(1, 64, 128, False, 4, 3), (1, 128, 128, False, 4, 3), (1, 256, 128, False, 4, 3),
+                    (1, 64, 256, False, 4, 3), (4, 64, 128, False, 4, 3), (4, 128, 128, False, 4, 3),
+                    (8, 32, 128, False, 4, 3), (8, 64, 128, False, 4, 3), (16, 32, 128, False, 4, 3),
                     (16, 64, 128, True, 4, 3), (64, 128, 64, True, 4, 3), (128, 128, 64, True, 8, 3)]:
             for x in ("bf16",):
                 try:

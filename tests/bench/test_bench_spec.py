@@ -47,7 +47,8 @@ def test_builtin_suites_match_the_issue():
 
     latency = get_suite("latency")
     assert latency.metric == "wall_us" and latency.chain_len == 10
-    assert latency.entries[0].shapes == ((2, 32, 256), (8, 128, 768), (1, 1, 4096))
+    assert latency.entries[0].shapes == ((2, 32, 256), (8, 128, 768), (1, 1, 4096), (1, 1, 8192))
+    assert {"softmax", "log_softmax", "silu", "swiglu"} <= {e.op for e in latency.entries}
 
 
 @pytest.mark.parametrize("op,streams,vectors", [

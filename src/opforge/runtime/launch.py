@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from . import cuda_launch
 from .backends import triton_interpreting
 from .lru import LRU
 
@@ -100,6 +101,7 @@ class TritonLauncher:
         self.interpreted = params is None or triton_interpreting()
         self._constexpr = tuple(bool(p.is_constexpr) for p in params) if params is not None else ()
         self._compiled: LRU[tuple, Any] = LRU(256, "launch.compiled")  # binaries per specialization key
+        self._kernels: LRU[tuple, Any] = LRU(256, "launch.kernels")  # Triton's compiled kernel per key (cuda_launch)
         self._generic_of: LRU[tuple, tuple] = LRU(4096, "launch.keys_checked")
         self._hooks: Any = None
         self._stream = _raw_stream_getter()
@@ -135,6 +137,7 @@ class TritonLauncher:
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            self._kernels[key] = compiled
             self._compiled[key] = self._prepare(compiled, args)
             return
         if compiled is False or _hook_active(self._hooks.launch_enter_hook) \
@@ -184,6 +187,15 @@ class TritonLauncher:
             return None
         function, packed, run, _ = compiled
         direct_ok, stream = self._direct_ok, self._stream
+        if cuda_launch.enabled():  # experimental, off by default, unmeasured
+            driver_go = cuda_launch.launcher_for(self._kernels.get(key))
+            if driver_go is not None:
+                def go_driver(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
+                    if not direct_ok(device_index):
+                        return False
+                    driver_go(grid_x, stream(device_index), raw_args)
+                    return True
+                return go_driver
         call = c_launch(run) or run  # both take run's arguments
 
         def go(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:

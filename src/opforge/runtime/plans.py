@@ -13,20 +13,43 @@ under a forced backend other than the plan's own, and while ``OPFORGE_CHECK_LAUN
 checks launches. Only accelerated variants that the registry chose without a fallback leave
 plans, so strict mode has nothing to raise on a planned call.
 
-Plans are off unless ``OPFORGE_PLANS=1`` (or ``set_enabled(True)``): they are tested (on CPU
-against the general path's launch arguments, on a GPU end to end) but not yet measured on a GPU.
+Plans are on unless ``OPFORGE_PLANS=0`` (or ``set_enabled(False)``); ``DEFAULT_ENABLED`` is
+the default when the variable is unset. Families with plans: the norms, softmax and log_softmax
+(register-held and looped variants), the activations (packed inputs).
+
+Each family's cache is an LRU of at most ``PLAN_CACHE_SIZE`` signatures, safe to share between
+threads: lookups take no lock (single dict operations, atomic under the GIL), insertions and
+evictions take one. Two threads racing on a first call both run the general path; either's plan
+is kept, and both plans launch the same compiled binary with the same constant arguments.
 """
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from typing import Any, Callable, Hashable, Optional
 
 from . import policy, trace
 
 Plan = Callable[..., Any]
 
+#: Whether plans are on when ``OPFORGE_PLANS`` is unset (``OPFORGE_PLANS=0`` turns them off,
+#: any other value on).
+DEFAULT_ENABLED = True
+#: Signatures kept per op family (least recently used dropped first); a plan is a closure of a
+#: few hundred bytes, so a full cache is well under 1 MiB per family.
+PLAN_CACHE_SIZE = 1024
+
 _CHECKING_KEYS = os.environ.get("OPFORGE_CHECK_LAUNCH_KEYS", "") not in ("", "0")
-_enabled = os.environ.get("OPFORGE_PLANS", "") not in ("", "0") and not _CHECKING_KEYS
+
+
+def _from_env() -> bool:
+    value = os.environ.get("OPFORGE_PLANS")
+    return (DEFAULT_ENABLED if value is None or value == "" else value not in ("0", "false", "False")) \
+        and not _CHECKING_KEYS
+
+
+_enabled = _from_env()
 _caches: list["PlanCache"] = []
 
 
@@ -44,9 +67,10 @@ class PlanCache:
         >>> _ = set_enabled(previous)
     """
 
-    def __init__(self, limit: int = 4096):
-        self._plans: dict[Hashable, tuple[str, Plan]] = {}
-        self._limit = limit
+    def __init__(self, limit: int = PLAN_CACHE_SIZE):
+        self._plans: OrderedDict[Hashable, tuple[str, Plan]] = OrderedDict()
+        self._limit = max(1, limit)
+        self._lock = threading.Lock()
         _caches.append(self)
 
     def get(self, signature: Hashable) -> Optional[Plan]:
@@ -56,27 +80,38 @@ class PlanCache:
         entry = self._plans.get(signature)
         if entry is None:
             return None
+        try:
+            self._plans.move_to_end(signature)
+        except KeyError:  # another thread evicted it just now: the entry in hand is still valid
+            pass
         forced = policy._forced_backend.get()
         return entry[1] if forced is None or forced == entry[0] else None
 
     def offer(self, signature: Optional[Hashable], plan: Plan, backend: str) -> None:
         """Keep ``plan``, which runs a variant of ``backend``, for ``signature`` (None: the call is
-        not one a plan can repeat)."""
+        not one a plan can repeat), dropping the least recently used plan beyond the limit."""
         if signature is None or not _enabled:
             return
-        if len(self._plans) >= self._limit:
-            self._plans.clear()
-        self._plans[signature] = (backend, plan)
+        with self._lock:
+            self._plans[signature] = (backend, plan)
+            self._plans.move_to_end(signature)
+            while len(self._plans) > self._limit:
+                self._plans.popitem(last=False)
 
     def __contains__(self, signature: Hashable) -> bool:
         return signature in self._plans
 
+    def __len__(self) -> int:
+        return len(self._plans)
+
     def clear(self) -> None:
-        self._plans.clear()
+        with self._lock:
+            self._plans.clear()
 
 
 def enabled() -> bool:
-    """Whether calls leave plans (``OPFORGE_PLANS=1``; never while launch keys are checked).
+    """Whether calls leave and run plans (on unless ``OPFORGE_PLANS=0``; never while launch keys
+    are checked).
 
     Example:
         >>> isinstance(enabled(), bool)

@@ -61,6 +61,20 @@ def test_causal_square_matches_sdpa(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [-0.4, 0.0, 0.2])
+def test_scale_of_any_sign(backend, scale):
+    """A positive scale folds into one FMA on the unmasked tiles (maximum of the raw scores, then
+    scaled); zero and negative scales take the plain path. Sk spans several unmasked tiles."""
+    q, k, v = (torch.randn(1, 2, 20, 16, device=DEVICE) for _ in range(3))
+    k, v = (torch.randn(1, 2, 50, 16, device=DEVICE) for _ in range(2))
+    for causal in (False, True):
+        with opforge.backend(backend):
+            out = opforge.attention(q, k, v, causal=causal, scale=scale)
+        ref = reference.attention(q.double(), k.double(), v.double(), causal, scale)
+        assert max_rel_error(out, ref) <= TOLERANCE[torch.float32], (scale, causal)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_huge_logits(backend):
     for dtype in DTYPES:
         check_case(cases.prefill_case(1, 4, 2, 17, 33, 64, dtype, True, logit_scale=100.0), backend)
@@ -177,10 +191,13 @@ def test_decode_splits_fill_the_gpu():
     splits, _ = tk.decode_splits(32, 8, 1, 1024, sms, 64)
     assert splits <= 4
     assert tk.decode_splits(1, 8, 1, 100, sms, 64) == (1, 128)
+    assert tk.decode_splits(32, 8, 1, 8192, sms, 64) == (1, 8192)     # 256 programs: about one wave already
+    splits, length = tk.decode_splits(8, 1, 1, 32768, sms, 64)
+    assert 16 <= splits <= 64 and length >= 512                           # ~2 programs per SM, long slices
 
 
 def test_tile_configs():
-    assert tk.prefill_config(128, 2) == (128, 64, 8, 3)
+    assert tk.prefill_config(128, 2) == (128, 128, 8, 3)
     assert tk.prefill_config(256, 2)[0] <= 64
     assert tk.head_block(80) == 128 and tk.head_block(8) == 16
     assert tk.decode_config(128, 2, 4 * 4)[0] == 16 and tk.decode_config(128, 2, 8 * 16)[0] == tk.MAX_ROW_BLOCK

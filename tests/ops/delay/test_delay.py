@@ -129,13 +129,14 @@ def test_transformers_dia_helpers_agree():
     proc = processing.DiaProcessor
     codes = torch.randint(0, 1024, (2, 40, 9), dtype=torch.int64)
     d = cases.dia_delays(9)
+    on_device = codes.to(DEVICE)   # theirs runs on the host; ours on the test device (the GPU kernel there)
     for revert in (False, True):
         idx = proc.build_indices(2, 40, 9, d, revert=revert)
         theirs = proc.apply_audio_delay(codes, cases.PAD, cases.BOS, idx)
         with opforge.backend("triton"):
-            ours = opforge.revert_delay(codes, d, pad_id=cases.PAD) if revert else \
-                opforge.apply_delay(codes, d, bos_id=cases.BOS, pad_id=cases.PAD)
-        assert torch.equal(ours, theirs.to(ours.dtype))
+            ours = opforge.revert_delay(on_device, d, pad_id=cases.PAD) if revert else \
+                opforge.apply_delay(on_device, d, bos_id=cases.BOS, pad_id=cases.PAD)
+        assert torch.equal(ours.cpu(), theirs.to(ours.dtype))
 
 
 def test_64_bit_index_path(monkeypatch):

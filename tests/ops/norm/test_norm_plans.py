@@ -1,7 +1,8 @@
 """Launch plans of the norm family: a repeated call skips the general path and stays correct.
 
 Plans exist only where a compiled kernel is launched directly, so the behavioural tests need a
-GPU; the signature rules are checked everywhere.
+GPU; the signature rules, and a plan's launch arguments with the launch faked, are checked
+everywhere (on the test device: CPU tensors under the interpreter, CUDA tensors on a GPU).
 """
 import pytest
 import torch
@@ -13,6 +14,7 @@ from opforge.testing import DEVICE, ON_GPU, TOLERANCE, max_rel_error
 
 needs_gpu = pytest.mark.skipif(not ON_GPU or plans._CHECKING_KEYS,
                                reason="plans need compiled kernels (a GPU) and no launch-key checks")
+needs_plans = pytest.mark.skipif(plans._CHECKING_KEYS, reason="OPFORGE_CHECK_LAUNCH_KEYS turns plans off")
 
 
 @pytest.fixture(autouse=True)
@@ -33,12 +35,19 @@ def test_signature_only_for_packed_tensors():
     assert problem.signature("add_rms_norm", x, [1.0], None, None) is None
 
 
+@needs_plans
 @pytest.mark.parametrize("op", problem.OPS)
 @pytest.mark.parametrize("n", [77, 2000, 40000])
 @pytest.mark.parametrize("affine", [True, False])
 def test_a_plan_launches_what_the_general_path_launches(op, n, affine, monkeypatch):
-    """With the compiled launch faked (there is none on a CPU), a plan's launch arguments for new
-    tensors equal the general path's, pointer for pointer and scalar for scalar."""
+    """With the compiled launch faked, a plan's launch arguments for new tensors equal the general
+    path's, pointer for pointer and scalar for scalar.
+
+    The fakes replace the two seams both machines go through: ``launch_raw`` (the general path's
+    launch of an already compiled key; on a GPU, Triton's launcher) and ``raw_launcher`` (what a
+    plan keeps; on a GPU, the C launch function under Triton 3.4-3.6's wrapper, see
+    ``launch.c_launch``). The tensors live on the test device: Triton runs no CPU tensor on a
+    machine with a GPU (no interpreter there), which is what failed when they were CPU tensors."""
     launched = []
 
     def fake_launch_raw(key, grid, raw_args, num_warps, index):
@@ -54,11 +63,11 @@ def test_a_plan_launches_what_the_general_path_launches(op, n, affine, monkeypat
     for launcher in (triton_kernels._tile, triton_kernels._looped):
         monkeypatch.setattr(launcher, "launch_raw", fake_launch_raw)
         monkeypatch.setattr(launcher, "raw_launcher", fake_raw_launcher)
-    w = torch.randn(n) if affine else None
-    b = torch.randn(n) if affine and "layer" in op else None
+    w = torch.randn(n, device=DEVICE) if affine else None
+    b = torch.randn(n, device=DEVICE) if affine and "layer" in op else None
 
     def call(eps):
-        x = torch.randn(2, 3, n)
+        x = torch.randn(2, 3, n, device=DEVICE)
         r = torch.randn_like(x) if op.startswith("add_") else None
         args = (x, r) if r is not None else (x,)
         kwargs = {"weight": w, "eps": eps, **({"bias": b} if "layer" in op else {})}
@@ -154,3 +163,29 @@ def test_trace_and_forced_backends_bypass_plans():
         y = opforge.layer_norm(x)
     assert t[0].backend == "torch"
     assert max_rel_error(y, _reference("layer_norm", x, None, None, None, 1e-5)) <= 1e-5
+
+
+@needs_gpu
+@pytest.mark.parametrize("op", problem.OPS)
+@pytest.mark.parametrize("n", [77, 4096, 40000])
+def test_plan_outputs_equal_general_path_outputs(op, n):
+    """On real kernels, a planned call gives bit for bit what the general path gives on the same data."""
+    dtype = torch.bfloat16
+    w = torch.randn(n, device=DEVICE, dtype=dtype)
+    b = torch.randn(n, device=DEVICE, dtype=dtype) if "layer" in op else None
+    fn = getattr(opforge, op)
+    x = torch.randn(4, 3, n, device=DEVICE, dtype=dtype)
+    r = torch.randn_like(x) if op.startswith("add_") else None
+    args = (x, r) if r is not None else (x,)
+    kwargs = {"weight": w, **({"bias": b} if b is not None else {})}
+    plans.set_enabled(False)
+    general = fn(*args, **kwargs)
+    plans.set_enabled(True)
+    for _ in range(2):
+        fn(*args, **kwargs)  # compiles (if needed) and leaves the plan
+    assert problem.signature(op, x, r, w, b) in problem.PLANS
+    planned = fn(*args, **kwargs)
+    for g, p in zip(general if isinstance(general, tuple) else (general,),
+                    planned if isinstance(planned, tuple) else (planned,)):
+        assert torch.equal(g, p)
+    assert max_rel_error(planned, _reference(op, x, r, w, b, 1e-5 if "layer" in op else 1e-6)) <= TOLERANCE[dtype]

@@ -207,3 +207,20 @@ def test_empty_x_gives_an_empty_result():
     qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
     y = opforge.linear(torch.randn(0, 3, K, device=DEVICE, dtype=torch.float16), qw)
     assert y.shape == (0, 3, N) and y.dtype == torch.float16
+
+
+@pytest.mark.parametrize("bits,group_size,symmetric", [(4, 128, False), (4, 32, True), (8, -1, False), (8, 64, True)])
+@pytest.mark.parametrize("m,block_m", [(2, 2), (3, 4), (5, 8), (16, 16)])
+def test_gemv_kernel_with_several_rows(bits, group_size, symmetric, m, block_m):
+    """The FMA kernel with BLOCK_M rows of x (3-D tiles), K split across programs, ragged N and
+    a bias, against the float64 oracle; the default config uses it up to GEMV_ROWS rows."""
+    from opforge.ops.quant.problem import prepare
+    n, k = 40, 1024
+    qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, group_size, symmetric)
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
+    call = prepare(x, qw, bias)
+    y = tk.launch_config(call, (block_m, 32, 128, False, 4, 3), programs_per_sm=8)
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
+    uses_gemv = m <= tk.GEMV_ROWS and (bits == 4 or m <= 2)
+    assert (tk.tile_config(call.problem)[3] is False) == uses_gemv

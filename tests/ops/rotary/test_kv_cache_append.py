@@ -102,7 +102,7 @@ def test_empty_append_is_a_no_op_and_trace():
         opforge.kv_cache_append(kc, vc, k, v, torch.tensor([0, 1], device=DEVICE))
     assert len(t) == 1 and t[0].op == "kv_cache_append"
     assert "k/v cache float32 D=8" in str(opforge.explain("kv_cache_append", kc, vc, k, v,
-                                                             torch.tensor([0, 1]), check=False))
+                                                             torch.tensor([0, 1], device=DEVICE), check=False))
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA")
@@ -119,3 +119,22 @@ def test_cuda_graph_capture_skips_the_check_and_masks():
     torch.cuda.synchronize()
     assert torch.equal(kc[0, :, 1:4], k[0]) and torch.equal(kc[1, :, 2:4], k[1, :, :2])
     assert torch.equal(kc[1, :, :2], kc0[1, :, :2])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_repeated_signature_still_checks_the_range(backend):
+    """The short path of a validated signature keeps the range check (check=True / CPU tensors)."""
+    kc, vc, k, v = _inputs()
+    lens = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
+    with opforge.backend(backend):
+        opforge.kv_cache_append(kc, vc, k, v, lens)
+        k2, v2 = torch.randn_like(k), torch.randn_like(v)
+        opforge.kv_cache_append(kc, vc, k2, v2, lens)
+        assert torch.equal(kc[0, :, :3], k2[0]) and torch.equal(vc[1, :, 5:], v2[1])
+        lens[1] = 6
+        kc0 = kc.clone()
+        with pytest.raises(IndexError, match="sequence 1 would write positions 6"):
+            opforge.kv_cache_append(kc, vc, k, v, lens, check=True)
+        assert torch.equal(kc, kc0)
+        with pytest.raises(TypeError, match="cache_seqlens must be int32 or int64"):
+            opforge.kv_cache_append(kc, vc, k, v, lens.float())

@@ -29,10 +29,10 @@ def test_layouts_and_position_shapes(backend, layout, positions):
 
 def test_known_rotation_values():
     # position 1 of a table rotating pair 0 by 90 degrees and pair 1 by 180 degrees
-    cos = torch.tensor([[1.0, 1.0], [0.0, -1.0]])
-    sin = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
-    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]).view(1, 1, 1, 5)
-    pos = torch.tensor([1])
+    cos = torch.tensor([[1.0, 1.0], [0.0, -1.0]], device=DEVICE)
+    sin = torch.tensor([[0.0, 0.0], [1.0, 0.0]], device=DEVICE)
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], device=DEVICE).view(1, 1, 1, 5)
+    pos = torch.tensor([1], device=DEVICE)
     for backend in BACKENDS:
         with opforge.backend(backend):
             half, _ = opforge.rotary_embedding(x.clone(), x.clone(), cos, sin, pos)
@@ -82,7 +82,7 @@ def test_out_of_range_position_kernel_writes_zeros():
     from opforge.ops.rotary import triton_kernels
     from opforge.ops.rotary.problem import RotaryCall, prepare_rotary
 
-    q, k, cos, sin, pos = cases.make_rotary_inputs(1, 2, 1, 3, 8, 4, torch.float32, "cpu", max_positions=10)
+    q, k, cos, sin, pos = cases.make_rotary_inputs(1, 2, 1, 3, 8, 4, torch.float32, DEVICE, max_positions=10)
     call = prepare_rotary(q, k, cos, sin, pos)
     bad = pos.clone()
     bad[0, 1] = 10
@@ -167,3 +167,27 @@ def test_device_mismatch_names_the_argument():
         opforge.kv_cache_append(kc, kc.to("meta"), k, k, torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="cache_seqlens is on meta"):
         opforge.kv_cache_append(kc, kc, k, k, torch.zeros(1, dtype=torch.int32, device="meta"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_repeated_signature_skips_validation_but_not_the_checks(backend):
+    """A second call with a validated signature takes the short path: same results, CPU value
+    checks and flag types still enforced, and a new signature is validated again."""
+    import opforge.ops.rotary as rotary
+    from opforge.ops.rotary.problem import rotary_signature
+
+    for _ in range(2):
+        q, k, cos, sin, pos = cases.make_rotary_inputs(2, 4, 2, 3, 16, 8, torch.float16, DEVICE, max_positions=10)
+        with opforge.backend(backend):
+            got = opforge.rotary_embedding(q, k, cos, sin, pos, interleaved=True)
+        want = cases.rotary_oracle((q, k, cos, sin, pos), {"interleaved": True})
+        assert max_rel_error(got, want) <= TOLERANCE[torch.float16]
+    assert rotary_signature(q, k, cos, sin, pos, True, False) in rotary._valid_rotary
+    with pytest.raises(TypeError, match="interleaved and inplace must be bools"):
+        opforge.rotary_embedding(q, k, cos, sin, pos, interleaved=1)
+    with pytest.raises(TypeError, match="positions must be int32 or int64"):
+        opforge.rotary_embedding(q, k, cos, sin, pos.float(), interleaved=True)
+    if DEVICE == "cpu":   # positions are value-checked on CPU tensors only
+        pos[0, 0] = 10
+        with pytest.raises(IndexError, match="positions must be in \\[0, 10\\)"):
+            opforge.rotary_embedding(q, k, cos, sin, pos, interleaved=True)

@@ -60,7 +60,7 @@ def test_unchecked_kernel_skips_out_of_range_cache_positions():
     from opforge.ops.rotary.problem import prepare_fused
 
     case = cases.make_fused_case((2, 2, 1, 3, 6, 8), torch.float32, positions=True)
-    args, kwargs = case.make("cpu")
+    args, kwargs = case.make(DEVICE)
     q, k, v, kc, vc, lens, cos, sin, kc0, vc0 = args
     lens[0] = 4           # positions 4, 5 fit, 6 does not
     q_rot = triton_kernels.launch_fused(prepare_fused(q, k, v, kc, vc, lens, cos, sin, kwargs["positions"]))
@@ -92,3 +92,18 @@ def test_errors_and_explain():
     with opforge.trace() as t:
         f(q, k, v, kc, vc, lens, cos, sin)
     assert len(t) == 1 and t[0].op == "rotary_kv_cache_append"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("positions", [False, True])
+def test_repeated_signature_matches_the_oracle_and_checks(backend, positions):
+    """Second and third calls of one signature take the short path: still exact, still range-checked."""
+    case = cases.make_fused_case((2, 4, 2, 1, 6, 16), torch.float16, r=8, positions=positions)
+    for _ in range(2):
+        check_case(case, backend)
+    args, kwargs = case.make(DEVICE)
+    q, k, v, kc, vc, lens, cos, sin, kc0, vc0 = args
+    lens[1] = 6
+    with opforge.backend(backend), pytest.raises(IndexError, match="sequence 1 would write positions 6"):
+        opforge.rotary_kv_cache_append(q, k, v, kc, vc, lens, cos, sin, **kwargs)
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0)

@@ -18,6 +18,8 @@ Suites (selected by name, e.g. ``opforge bench --suite softmax,activations``):
   same shapes; >= 90% of copy bandwidth and <= 3% behind the fastest peer.
 * ``activations``: swiglu / geglu at 16384x11008 and gelu / silu / relu at 16384x4096, bf16;
   >= 90% of copy bandwidth.
+* ``latency`` (the norms' suite) also takes softmax, log_softmax, silu and swiglu in bf16 at the
+  latency shapes: wall time per call against torch eager's.
 * ``latency_act``: wall time per call of softmax, silu and swiglu at the latency shapes; a chain
   of 10 calls eager vs CUDA graph; no slower than torch.
 """
@@ -45,6 +47,7 @@ from opforge.bench.spec import (
     SuiteEntry,
     numel,
     register_op,
+    get_suite,
     register_suite,
 )
 from opforge.bench.suites.standard import HALF_DTYPES, LATENCY_SHAPES, LLM_SHAPES
@@ -236,3 +239,9 @@ LATENCY_ACT_SUITE = register_suite(
         targets=[no_slower_than(TORCH, "wall_us")],
     )
 )
+
+#: Issue 8's host-overhead target covers every op with a Triton kernel: the latency suite
+#: (wall time per call, interleaved rounds, torch eager as the peer) takes these too.
+LATENCY_EXTRA_OPS = ("softmax", "log_softmax", "silu", "swiglu")
+for _op in LATENCY_EXTRA_OPS:
+    get_suite("latency").add(SuiteEntry(_op, LATENCY_SHAPES, (torch.bfloat16,)))

@@ -26,8 +26,8 @@ LLM_SHAPES = (
     (1024, 65536),
     (262144, 128),
 )
-#: Host-overhead-bound sizes: the two smallest seed shapes and one decode step.
-LATENCY_SHAPES = ((2, 32, 256), (8, 128, 768), (1, 1, 4096))
+#: Host-overhead-bound sizes: the two smallest seed shapes and two decode steps.
+LATENCY_SHAPES = ((2, 32, 256), (8, 128, 768), (1, 1, 4096), (1, 1, 8192))
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HALF_DTYPES = (torch.bfloat16, torch.float16)

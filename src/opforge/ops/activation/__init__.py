@@ -13,10 +13,10 @@ from typing import Optional
 
 import torch
 
-from ...runtime import alloc, dispatch
+from ...runtime import alloc, dispatch, plans
 from ...runtime.compile_support import compiled
 from . import fakes, reference
-from .problem import OPS, ActivationCall, prepare
+from .problem import OPS, PLANS, ActivationCall, prepare, signature
 
 
 def _torch_launch(call: ActivationCall) -> torch.Tensor:
@@ -44,7 +44,16 @@ def _problem_builder(op: str):
 
 
 def _run(op: str, x: torch.Tensor, up: Optional[torch.Tensor], approximate: Optional[str]) -> torch.Tensor:
+    sig = None
+    if plans.enabled():
+        sig = signature(op, x, up, approximate)
+        plan = PLANS.get(sig)
+        if plan is not None:
+            out = plan(x, up)
+            if out is not None:
+                return out
     call = prepare(op, x, up, approximate)
+    call.signature = sig
     if call.problem.numel == 0:
         return alloc.empty(x.shape, x.dtype, x.device)
     return dispatch.run(op, call, x)

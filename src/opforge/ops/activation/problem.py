@@ -20,6 +20,7 @@ import torch
 
 from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
 from ...runtime.lru import LRU
+from ...runtime.plans import PlanCache
 from ...runtime.rows import Rows, as_rows
 from .reference import APPROXIMATIONS
 
@@ -60,12 +61,42 @@ class ActivationCall:
     kernel reads and how its rows are addressed.
     """
 
-    __slots__ = ("problem", "x", "up", "approximate", "layout", "rows", "note")
+    __slots__ = ("problem", "x", "up", "approximate", "layout", "rows", "note", "signature")
 
     def __init__(self, problem: ActivationProblem, x: torch.Tensor, up: Optional[torch.Tensor],
                  approximate: Optional[str], layout: str, rows: tuple, note: str):
         self.problem, self.x, self.up, self.approximate = problem, x, up, approximate
         self.layout, self.rows, self.note = layout, rows, note
+        self.signature = None  # set where a launch plan may repeat this call (see ``signature()``)
+
+
+#: Launch plans of the activations (``runtime.plans``).
+PLANS = PlanCache()
+
+
+def signature(op: str, x: object, up: object, approximate: object) -> Optional[tuple]:
+    """What a launch plan of this call depends on: op, ``approximate``, x's shape, dtype and device
+    (up must match them); None unless every tensor is packed (a plan passes only pointers) and
+    ``approximate`` is a string or None.
+
+    Example:
+        >>> x = torch.randn(4, 64)
+        >>> signature("silu", x, None, None) == ("silu", None, x.shape, x.dtype, x.device)
+        True
+        >>> signature("swiglu", x, x.t(), None) is None
+        True
+    """
+    if approximate is not None and type(approximate) is not str:
+        return None
+    try:
+        if not x.is_contiguous():
+            return None
+        if up is not None and not (up.is_contiguous() and up.shape == x.shape and up.dtype == x.dtype
+                                   and up.device == x.device):
+            return None
+        return (op, approximate, x.shape, x.dtype, x.device)
+    except AttributeError:
+        return None
 
 
 _ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))

@@ -34,20 +34,23 @@ import triton.language as tl
 from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 128             # decode: at most this many slices of one sequence
 MIN_SPLIT_TOKENS = 256       # decode: a slice shorter than this costs more to merge than it saves
-DECODE_PROGRAMS_PER_SM = 4   # decode: programs aimed for (host-known sizes only)
+# decode: programs aimed for per SM (host-known sizes only). The H100 sweep (round 2) read best at
+# ~2 resident programs per SM: 32/8 B=1 32K 32 splits 67% of copy vs 64: 63%, 128: 54%; 8/1 B=8
+# 32K 32 splits 67% vs 64: 58-61%; 32/8 B=32 8K (256 programs) 1 split 98% vs 3: 87-97%.
+DECODE_PROGRAMS_PER_SM = 2
 MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
 
 
 @triton.jit
 def _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d, d_ok, end_n,
                  shift, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
-                 DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+                 DOT_F32: tl.constexpr, IEEE: tl.constexpr, FUSE_SCALE: tl.constexpr):
     """One K/V tile into the running (acc, max, sum) of every query row; keys >= end_n are
     masked, and with CAUSAL key j is seen by row i only if j <= i + shift (MASKED tiles only)."""
     cols = start_n + offs_n
@@ -67,19 +70,26 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, 
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = s * qk_scale
-    if MASKED:
-        ok = (cols < end_n)[None, :]
-        if CAUSAL:
-            ok = ok & (cols[None, :] <= offs_m[:, None] + shift)
-        s = tl.where(ok, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    if MASKED:
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing yet stays empty
+    if FUSE_SCALE and not MASKED:
+        # scale > 0: the row maximum of the raw scores, scaled, is the maximum of the scaled ones,
+        # so the scale and the subtraction become one FMA per score
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
     else:
-        m_use = m_new
-    p = tl.exp2(s - m_use[:, None])
-    alpha = tl.exp2(m_i - m_use)
+        s = s * qk_scale
+        if MASKED:
+            ok = (cols < end_n)[None, :]
+            if CAUSAL:
+                ok = ok & (cols[None, :] <= offs_m[:, None] + shift)
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if MASKED:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing yet stays empty
+        else:
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     if IEEE:
@@ -93,7 +103,8 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, 
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
                     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
                     D: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
+                    SCALE_POS: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)   # the longest causal rows first
     bh = tl.program_id(1)
     b = bh // hq
@@ -124,10 +135,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
     full = (full // BLOCK_N) * BLOCK_N
     for start_n in range(0, full, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d,
-                                     d_ok, sk, shift, qk_scale, False, CAUSAL, PAD_D, DOT_F32, IEEE)
+                                     d_ok, sk, shift, qk_scale, False, CAUSAL, PAD_D, DOT_F32, IEEE, SCALE_POS)
     for start_n in range(full, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d,
-                                     d_ok, sk, shift, qk_scale, True, CAUSAL, PAD_D, DOT_F32, IEEE)
+                                     d_ok, sk, shift, qk_scale, True, CAUSAL, PAD_D, DOT_F32, IEEE, False)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                               # no key seen: zeros
     o_base = o_ptr + b.to(tl.int64) * o_sb + h.to(tl.int64) * o_sh
     tl.store(o_base + offs_m.to(tl.int64)[:, None] * o_ss + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
@@ -135,11 +146,12 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
 
 
 @triton.jit
-def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, o_ptr, hkv, hq, sq, rows, s_max,
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, hkv, hq, sq, rows, s_max,
                          split_len, num_splits, qk_scale, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                         DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
-    # DIRECT (one split): write the final output, no partials and no merge kernel
+                         DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, PAD_D: tl.constexpr):
+    # DIRECT (one split): write the final output, no partials and no merge kernel. The partials'
+    # log-sum-exps follow their outputs in one float32 scratch: po_ptr + lse_off.
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // hkv
@@ -162,7 +174,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, o_ptr,
                      tl.zeros([BLOCK_R, BLOCK_D], tl.float32).to(o_ptr.dtype.element_ty),
                      mask=row_ok[:, None] & d_ok[None, :])
         else:
-            tl.store(plse_ptr + part, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=row_ok)
+            tl.store(po_ptr + lse_off + part, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=row_ok)
     else:
         end = tl.minimum(start + split_len, seqlen)
         offs_n = tl.arange(0, BLOCK_N)
@@ -176,10 +188,15 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, o_ptr,
         m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-        # row i sees keys j <= seqlen - Sq + i: in the prefill helper's terms, shift = seqlen - Sq
-        for start_n in range(start, end, BLOCK_N):
+        # row i sees keys j <= seqlen - Sq + i: in the prefill helper's terms, shift = seqlen - Sq.
+        # Whole tiles below every row's limit (keys < seqlen - Sq + 1) run without masks.
+        full = start + tl.maximum(tl.minimum(end, seqlen - sq + 1) - start, 0) // BLOCK_N * BLOCK_N
+        for start_n in range(start, full, BLOCK_N):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, i, offs_n, offs_d,
-                                         d_ok, end, seqlen - sq, qk_scale, True, True, True, DOT_F32, IEEE)
+                                         d_ok, end, seqlen - sq, qk_scale, False, True, PAD_D, DOT_F32, IEEE, False)
+        for start_n in range(full, end, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, i, offs_n, offs_d,
+                                         d_ok, end, seqlen - sq, qk_scale, True, True, True, DOT_F32, IEEE, False)
         seen = l_i > 0.0
         out = acc / tl.where(seen, l_i, 1.0)[:, None]
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -187,14 +204,15 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, plse_ptr, o_ptr,
             tl.store(o_ptr + out_row[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
                      mask=row_ok[:, None] & d_ok[None, :])
         else:
-            tl.store(plse_ptr + part, lse, mask=row_ok)
+            tl.store(po_ptr + lse_off + part, lse, mask=row_ok)
             tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
-def _decode_combine_kernel(po_ptr, plse_ptr, o_ptr, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
+def _decode_combine_kernel(po_ptr, lse_off, o_ptr, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    plse_ptr = po_ptr + lse_off
     s_all = tl.arange(0, BLOCK_S)
     lse = tl.load(plse_ptr + row * num_splits + s_all, mask=s_all < num_splits, other=float("-inf"))
     m = tl.max(lse, axis=0)
@@ -249,8 +267,8 @@ def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[in
         return (32, 32, 8, 2) if block_d <= 64 else (32, 16, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
     if block_d <= 64:
         return 128, 64, 4, 3
-    if block_d <= 128:
-        return 128, 64, 8, 3
+    if block_d <= 128:   # H100 sweep (round 2), 4x4K: 128x128 455 / 447 TFLOP/s (full / causal) vs 128x64 394 / 430
+        return 128, 128, 8, 3
     return 64, 32, 8, 2
 
 
@@ -273,16 +291,20 @@ def decode_config(d: int, itemsize: int, rows: int, interpreted: bool = False) -
 
 def decode_splits(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: int, block_n: int) -> tuple[int, int]:
     """(splits, split_len): slices per sequence and their length (a multiple of ``block_n``), from
-    host-known sizes only, so that ``batch * kv_heads * row_blocks * splits`` programs fill the GPU
-    (batch 1 at long context too) while a slice keeps at least ``MIN_SPLIT_TOKENS`` keys.
+    host-known sizes only. Splits are added while ``batch * kv_heads * row_blocks * splits``
+    programs stay within ``DECODE_PROGRAMS_PER_SM`` per SM (rounded down: a grid that already
+    fills about one such wave is not split at all), and a slice keeps at least
+    ``MIN_SPLIT_TOKENS`` keys.
 
     Example:
         >>> decode_splits(1, 8, 1, 131072, 132, 64)
-        (64, 2048)
+        (33, 4032)
+        >>> decode_splits(32, 8, 1, 8192, 132, 64)
+        (1, 8192)
         >>> decode_splits(64, 8, 1, 1024, 132, 64)
-        (2, 512)
+        (1, 1024)
     """
-    want = cdiv(DECODE_PROGRAMS_PER_SM * sms, batch * kv_heads * row_blocks)
+    want = (DECODE_PROGRAMS_PER_SM * sms) // (batch * kv_heads * row_blocks)
     splits = max(1, min(want, MAX_SPLITS, cdiv(s_max, MIN_SPLIT_TOKENS)))
     split_len = cdiv(cdiv(s_max, splits), block_n) * block_n
     return cdiv(s_max, split_len), split_len
@@ -309,7 +331,7 @@ def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: 
                     q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                     v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
                     p.head_dim, head_block(p.head_dim), head_block(p.head_dim) != p.head_dim, bm, bn, call.causal,
-                    dot_f32, ieee),
+                    dot_f32, ieee, call.scale > 0),
              num_warps=nw, num_stages=ns)
     return out
 
@@ -338,22 +360,31 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     n_rows = p.batch * p.q_heads * p.q_len
     direct = splits == 1
     if direct:   # the split kernel writes the output itself
-        part_out = part_lse = out
-    else:
-        part_out = torch.empty((n_rows * splits, p.head_dim), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((n_rows * splits,), dtype=torch.float32, device=q.device)
+        part, lse_off = out, 0
+    else:        # one allocation: partial outputs, then their log-sum-exps
+        lse_off = n_rows * splits * p.head_dim
+        part = torch.empty((lse_off + n_rows * splits,), dtype=torch.float32, device=q.device)
     dot_f32, ieee = _dot_flags(q.dtype)
     block_d = head_block(p.head_dim)
+    lens = call.cache_seqlens
+    tensors = (q, k, v, lens, part, out)
+    ints = (lse_off, p.kv_heads, p.q_heads, p.q_len, rows, p.kv_len, split_len, splits, *q.stride()[:3],
+            *k.stride()[:3], *v.stride()[:3])
+    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim)
+    # what Triton specializes on (dtypes, 16-byte alignment, each int's class, constexprs): computing
+    # the generic key over 30 arguments costs more host time than the kernel takes at short contexts
+    key = (q.get_device(), q.dtype, lens.dtype, part.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
+        tuple(map(int_spec, ints)) + consts + (nw, ns)
     _decode_split((p.batch * p.kv_heads, splits, row_blocks),
-                  (q, k, v, call.cache_seqlens, part_out, part_lse, out, p.kv_heads, p.q_heads, p.q_len, rows,
-                   p.kv_len, split_len, splits, call.scale * LOG2E, q.stride(0), q.stride(1), q.stride(2),
-                   k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-                   p.head_dim, block_d, br, bn, dot_f32, ieee, direct),
-                  num_warps=nw, num_stages=ns)
+                  (q, k, v, lens, part, ints[0], out, *ints[1:8], call.scale * LOG2E, *ints[8:], *consts),
+                  num_warps=nw, num_stages=ns, key=key)
     if not direct:
         block_s = 16 if splits <= 16 else MAX_SPLITS    # two compiled variants, whatever the split count
-        _decode_combine((n_rows,), (part_out, part_lse, out, splits, p.head_dim, block_d, block_s, 16),
-                        num_warps=1 if block_d <= 64 else 2 if block_d <= 128 else 4, num_stages=2)
+        warps = 1 if block_d <= 64 else 2 if block_d <= 128 else 4
+        consts = (p.head_dim, block_d, block_s, 16)
+        key = (q.get_device(), q.dtype, part.data_ptr() & 15, out.data_ptr() & 15, int_spec(lse_off),
+               int_spec(splits)) + consts + (warps,)
+        _decode_combine((n_rows,), (part, lse_off, out, splits, *consts), num_warps=warps, num_stages=2, key=key)
     return out
 
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc
+from ...runtime.lru import LRU
 from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import DelayCall, DelayProblem
 
@@ -55,7 +56,7 @@ def _fill_spec(v: int) -> tuple:
     return (v == 1, v & 15 == 0, -I32_MAX - 1 <= v <= I32_MAX)
 
 
-_launch_args: dict[tuple, tuple] = {}
+_launch_args: LRU[tuple, tuple] = LRU(4096, "delay.launch_plans")
 
 
 def _plan(op: str, shape: tuple, cs: tuple, os_: tuple, packed: bool, fb: int, fa: int) -> tuple:
@@ -75,21 +76,27 @@ def _plan(op: str, shape: tuple, cs: tuple, os_: tuple, packed: bool, fb: int, f
 
 
 def launch(call: DelayCall):
-    codes = call.codes
-    out = call.out if call.out is not None else alloc.empty_packed_like(codes)
-    delays = call.delays
-    cs, os_ = codes.stride(), out.stride()
-    sig = (call.problem.op, codes.shape, cs, os_, call.fill_before, call.fill_after)
+    codes, delays, out = call.codes, call.delays, call.out
+    if out is None:
+        out = alloc.empty_packed_like(codes)   # its strides follow from codes' (the signature decides them)
+        sig = (call.problem.op, codes.shape, codes.stride(), None, codes.dtype, delays.dtype, codes.device,
+               call.fill_before, call.fill_after)
+    else:
+        sig = (call.problem.op, codes.shape, codes.stride(), out.stride(), codes.dtype, delays.dtype, codes.device,
+               call.fill_before, call.fill_after)
     plan = _launch_args.get(sig)
     if plan is None:
-        if len(_launch_args) > 4096:
-            _launch_args.clear()
-        plan = _launch_args[sig] = _plan(call.problem.op, tuple(codes.shape), cs, os_, out.is_contiguous(),
-                                         call.fill_before, call.fill_after)
-    grid, scalars, key, warps = plan
-    key = (codes.get_device(), codes.dtype, codes.data_ptr() & 15, delays.dtype, delays.data_ptr() & 15,
-           out.data_ptr() & 15) + key
-    _delay(grid, (codes, delays, out) + scalars, num_warps=warps, key=key)
+        grid, scalars, key, warps = _plan(call.problem.op, tuple(codes.shape), codes.stride(), out.stride(),
+                                          out.is_contiguous(), call.fill_before, call.fill_after)
+        index = codes.get_device()
+        plan = (grid, list(scalars), (index, codes.dtype, delays.dtype) + key, warps, index)
+        _launch_args.put(sig, plan)
+    grid, scalars, key0, warps, index = plan
+    tensors = (codes, delays, out)
+    ptrs = [codes.data_ptr(), delays.data_ptr(), out.data_ptr()]
+    key = key0 + (ptrs[0] & 15, ptrs[1] & 15, ptrs[2] & 15)
+    if not _delay.launch_raw(key, grid, ptrs + scalars, warps, index):
+        _delay(grid, tensors + tuple(scalars), num_warps=warps, key=key)
     return out
 
 

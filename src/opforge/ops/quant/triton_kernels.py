@@ -2,14 +2,15 @@
 
 Two kernels behind two variants, chosen by the number of rows M of x:
 
-* ``decode`` (M <= 16). M = 1: ``_gemv_kernel``. A program owns BLOCK_N output features and a
-  range of K; it streams that part of the packed weight once as int32 words (int4: 8 codes,
-  int8: 4), in a (BLOCK_N, words) tile that never leaves the layout it was loaded in: code ``i``
-  of every word is extracted with a shift and a mask, turned into a float without an
-  int-to-float conversion (OR-ed into the mantissa of 2**23), and meets x[k0 + PACK*j + i] (a
-  strided read of x, from L1) by FMAs into per-word sums; scale and zero are applied per word
-  column, and the only cross-thread reduction is the one at the end. M = 2..16: ``_qmm_kernel``
-  with 16 padded rows: every row shares each weight load.
+* ``decode`` (M <= 16). M <= 4 (int8: 2): ``_gemv_kernel``, FMAs, no tensor cores. A program
+  owns BLOCK_N output features and a range of K; it streams that part of the packed weight once
+  as int32 words (int4: 8 codes, int8: 4) with 16-byte loads, in a (BLOCK_N, words) tile that
+  never leaves the layout it was loaded in: code ``i`` of every word is masked in place (no
+  shift: the word's high half is shifted down once) and OR-ed with the exponent of a power of two,
+  one ``lop3``, which makes it that power plus the code; one FADD removes the power. It meets
+  x[PACK*j + i] (a strided read of x, from L1) by FMAs into per-word sums; scale and zero are
+  applied per word column; the only cross-thread reduction is the one at the end. More rows:
+  ``_qmm_kernel`` with 16 padded rows: every row shares each weight load.
 * ``prefill`` (M > 16): ``_qmm_kernel`` on (BLOCK_M, BLOCK_N) tiles; per K tile (inside one
   group) the codes, as 16-bit floats, go to ``tl.dot`` (tensor cores) against x. Tiles by M, N,
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
@@ -49,19 +50,26 @@ from .problem import LinearCall, LinearProblem
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 PROGRAMS_PER_SM = 4           # split K until about this many programs per SM are in flight
 MAX_SPLIT = 32
+#: The FMA (GEMV) kernel takes up to this many rows of x per program (BLOCK_M) ...
+GEMV_MAX_M = 16
+#: ... and runs by default up to this many (int4; int8: 2). Past 4 rows its 3-D tiles spill on
+#: sm_90 (ptxas, benchmarks/quant_ptx.py) and the tl.dot kernel with 16 padded rows takes over.
+GEMV_ROWS = 4
 #: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
 #: instead of a second combine kernel. Off until measured on a GPU (gpu_check_quant.py --sweep).
 SPLIT_FIXUP = False
 
 
 @triton.jit
-def _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+def _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr):
-    """The (BLOCK_N, BLOCK_K) int32 codes of rows ``rows`` at columns ``k0 ..`` (0 where masked)."""
+    """The (BLOCK_N, BLOCK_K) int32 codes of rows ``rows`` at columns ``k0 ..`` (0 where masked).
+    ``k_words`` = K / 8 as an argument of its own: ``K // 8`` is only known to be even, which
+    made the masked word loads 8 bytes wide."""
     if BITS == 4:
         words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         w_off = rows.to(tl.int64)[:, None] * stride_w + words[None, :]
-        packed = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (words < K // 8)[None, :], other=0)
+        packed = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (words < k_words)[None, :], other=0)
         shifts = tl.arange(0, 8) * 4
         codes = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
     else:
@@ -92,7 +100,7 @@ def _codes_as_float(codes, MODE: tl.constexpr):
 
 
 @triton.jit
-def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_w,
+def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_words, stride_xm, stride_w,
                 k_per_split, m_tiles, n_splits,
                 BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr,
@@ -111,10 +119,14 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
     k_end = tl.minimum(K, k_start + k_per_split)
     zero_const: tl.constexpr = 2 ** (BITS - 1)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    # over K tile indices, not K offsets: k0 = kt * BLOCK_K is then known to be a multiple of
+    # BLOCK_K, so the int4 word index k0 // 8 is aligned for 16-byte copies (a loop over offsets
+    # from pid_k * k_per_split gave 8-byte cp.async per sm_90 SASS)
+    for kt in range(pid_k * (k_per_split // BLOCK_K), (k_end + BLOCK_K - 1) // BLOCK_K):
+        k0 = kt * BLOCK_K
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        codes = _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS, BLOCK_N, BLOCK_K)
+        codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
         x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         g = 0 if PER_ROW else k0 // GROUP
@@ -168,42 +180,55 @@ def _store(res, ms, m_mask, rows, n_mask, pid_k, tile, M, N, b_ptr, out_ptr, ws_
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K, k_words, stride_w, k_per_split,
-                 n_splits, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    """One row of x (M = 1). The weight is read as int32 words (int4: 8 codes, int8: 4) in a
-    (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was loaded in: code ``i`` of every
-    word meets x[k0 + PACK*j + i] (a strided read of x, from L1) by FMAs into a per-word sum, so
-    nothing is reshaped or moved between threads until the one reduction at the end."""
+def _unpack(src, i: tl.constexpr, BITS: tl.constexpr, LOP3: tl.constexpr):
+    """Code ``i`` of each word as float32, from ``src`` (the word for the low half of its codes,
+    the word shifted right by 16 for the high half): masked in place at bit ``BITS * p`` and
+    OR-ed with the exponent of 2**(23 - BITS*p), it is the float 2**(23 - BITS*p) + code.
+    LOP3: the mask and the OR as one ``lop3.b32`` (ptxas emits two LOP3s for ``(a & imm) | imm``;
+    not under the interpreter, which has no inline PTX)."""
+    P: tl.constexpr = i % (16 // BITS)
+    MASK: tl.constexpr = (2 ** BITS - 1) << (BITS * P)
+    EXP: tl.constexpr = (150 - BITS * P) << 23
+    BASE: tl.constexpr = 2.0 ** (23 - BITS * P)
+    if LOP3:
+        bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r",
+                                         [src, tl.full(src.shape, MASK, tl.int32), tl.full(src.shape, EXP, tl.int32)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        bits = (src & MASK) | EXP
+    return bits.to(tl.float32, bitcast=True) - BASE
+
+
+@triton.jit
+def _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words, w_start, w_end,
+              BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+              LOP3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row of x: (BLOCK_N,) float32 dot products over words w_start .. w_end (2-D tiles only:
+    x is a strided (WORDS,) load per code position, broadcast over the tile's rows)."""
     PACK: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = PACK // 2
     WORDS: tl.constexpr = BLOCK_K // PACK
-    CODE_MASK: tl.constexpr = 2 ** BITS - 1
     zero_const: tl.constexpr = 2 ** (BITS - 1)
     SCALE_PER_WORD: tl.constexpr = (not PER_ROW) and GROUP < BLOCK_K
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rows < N
-    words_ptr = w_ptr.to(tl.pointer_type(tl.int32))   # int8 rows are read as words too (K % 4 == 0)
-    row_off = rows.to(tl.int64)[:, None] * stride_w
     j = tl.arange(0, WORDS)
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(K, k_start + k_per_split)
     acc = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        wj = k0 // PACK + j
+    for w0 in range(w_start, w_end, WORDS):
+        wj = w0 + j
         j_mask = wj < k_words
         packed = tl.load(words_ptr + row_off + wj[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0)
+        hi = packed >> 16
         t = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
         xs = tl.zeros((WORDS,), dtype=tl.float32)
         for i in tl.static_range(PACK):
-            xi = tl.load(x_ptr + k0 + j * PACK + i, mask=j_mask, other=0.0).to(tl.float32)
-            ci = (((packed >> (BITS * i)) & CODE_MASK) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            t += ci * xi[None, :]
+            xi = tl.load(x_ptr + wj * PACK + i, mask=j_mask, other=0.0).to(tl.float32)
             xs += xi
+            if i < HALF:
+                ci = _unpack(packed, i, BITS, LOP3)
+            else:
+                ci = _unpack(hi, i, BITS, LOP3)
+            t += ci * xi[None, :]
         if SCALE_PER_WORD:   # several groups in the tile: each word's own group
-            sg_off = ((k0 + j * PACK) // GROUP)[None, :] * N + rows[:, None]
+            sg_off = ((wj * PACK) // GROUP)[None, :] * N + rows[:, None]
             sg_mask = n_mask[:, None] & j_mask[None, :]
             s = tl.load(s_ptr + sg_off, mask=sg_mask, other=0.0).to(tl.float32)
             if SYMMETRIC:
@@ -212,16 +237,97 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N,
                 z = tl.load(z_ptr + sg_off, mask=sg_mask, other=0.0).to(tl.float32)
                 acc += s * (t - z * xs[None, :])
         else:
-            g = 0 if PER_ROW else k0 // GROUP
+            g = 0 if PER_ROW else (w0 * PACK) // GROUP
             s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
             if SYMMETRIC:
                 acc += s[:, None] * (t - zero_const * xs[None, :])
             else:
                 z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
                 acc += s[:, None] * (t - z[:, None] * xs[None, :])
-    res = tl.sum(acc, axis=1)[None, :]
-    ms = tl.arange(0, 1)
-    _store(res, ms, ms < 1, rows, n_mask, pid_k, pid_n, 1, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask, N, k_words, stride_xm, w_start,
+               w_end, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+               LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """BLOCK_M rows of x: (BLOCK_M, BLOCK_N) float32 results, on (BLOCK_M, BLOCK_N, WORDS) tiles."""
+    PACK: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = PACK // 2
+    WORDS: tl.constexpr = BLOCK_K // PACK
+    zero_const: tl.constexpr = 2 ** (BITS - 1)
+    SCALE_PER_WORD: tl.constexpr = (not PER_ROW) and GROUP < BLOCK_K
+    j = tl.arange(0, WORDS)
+    x_rows = x_ptr + ms.to(tl.int64)[:, None, None] * stride_xm          # (BLOCK_M, 1, 1)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
+    for w0 in range(w_start, w_end, WORDS):
+        wj = w0 + j
+        j_mask = wj < k_words
+        packed = tl.load(words_ptr + row_off[None, :, :] + wj[None, None, :],
+                         mask=n_mask[None, :, None] & j_mask[None, None, :], other=0)   # (1, BLOCK_N, WORDS)
+        hi = packed >> 16
+        x_off = (wj * PACK)[None, None, :]
+        x_mask = m_mask[:, None, None] & j_mask[None, None, :]
+        t = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
+        xs = tl.zeros((BLOCK_M, 1, WORDS), dtype=tl.float32)
+        for i in tl.static_range(PACK):
+            xi = tl.load(x_rows + x_off + i, mask=x_mask, other=0.0).to(tl.float32)   # (BLOCK_M, 1, WORDS)
+            xs += xi
+            if i < HALF:
+                ci = _unpack(packed, i, BITS, LOP3)
+            else:
+                ci = _unpack(hi, i, BITS, LOP3)
+            t += ci * xi
+        if SCALE_PER_WORD:   # several groups in the tile: each word's own group
+            sg_off = ((wj * PACK) // GROUP)[None, :] * N + rows[:, None]
+            sg_mask = n_mask[:, None] & j_mask[None, :]
+            s = tl.load(s_ptr + sg_off, mask=sg_mask, other=0.0).to(tl.float32)[None, :, :]
+            if SYMMETRIC:
+                acc += s * (t - zero_const * xs)
+            else:
+                z = tl.load(z_ptr + sg_off, mask=sg_mask, other=0.0).to(tl.float32)[None, :, :]
+                acc += s * (t - z * xs)
+        else:
+            g = 0 if PER_ROW else (w0 * PACK) // GROUP
+            s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :, None]
+            if SYMMETRIC:
+                acc += s * (t - zero_const * xs)
+            else:
+                z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :, None]
+                acc += s * (t - z * xs)
+    return tl.sum(acc, axis=2)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_words, stride_xm, stride_w,
+                 words_per_split, n_splits, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
+                 SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
+                 LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """BLOCK_M (1..16) rows of x by FMAs, no tensor cores. The weight is read as int32 words
+    (int4: 8 codes, int8: 4) in a (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was
+    loaded in (16-byte loads: the loop runs over word indices, so their alignment is known).
+    Codes are never shifted down: code ``i`` sits at bit ``BITS * p`` (p = i mod PACK/2) of the
+    word or of the word shifted right by 16 (one shift per word); masked in place and OR-ed with
+    the exponent of 2**(23 - BITS*p), it is the float 2**(23 - BITS*p) + code exactly, so one
+    LOP3 and one FADD per code. Products meet per-word float32 sums; scale and zero apply per word
+    column once per step; one reduction at the end."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    ms = tl.arange(0, BLOCK_M)
+    m_mask = ms < M
+    words_ptr = w_ptr.to(tl.pointer_type(tl.int32))   # int8 rows are read as words too (K % 4 == 0)
+    row_off = rows.to(tl.int64)[:, None] * stride_w
+    w_start = pid_k * words_per_split
+    w_end = tl.minimum(k_words, w_start + words_per_split)
+    if BLOCK_M == 1:
+        res = _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words, w_start, w_end, BITS,
+                        GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_N, BLOCK_K)[None, :]
+    else:
+        res = _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask, N, k_words, stride_xm,
+                         w_start, w_end, BITS, GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_M, BLOCK_N, BLOCK_K)
+    _store(res, ms, m_mask, rows, n_mask, pid_k, pid_n, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
 
 
@@ -240,14 +346,14 @@ def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
+def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, k_words, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
                     PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     n_mask = rows < N
     ks = k0 + tl.arange(0, BLOCK_K)
-    codes = _load_codes(w_ptr, rows, n_mask, k0, K, stride_w, BITS, BLOCK_N, BLOCK_K)
+    codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
     g = 0 if PER_ROW else k0 // GROUP
     s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
     if SYMMETRIC:
@@ -275,15 +381,17 @@ def _sm_count(device_index) -> int:
 def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, use_dot, num_warps, num_stages) for a problem.
 
-    M = 1 (the GEMV kernel, no dot): 8 KB of packed words per program step; int4 128 features x
-    128 codes (the g128 group: one scale per row and step), int8 64 x 128. M 2..16: 16 padded
-    rows, tl.dot, BLOCK_K the group (at most 128). M 17..64: 32- or 64-row tiles of 64 features
-    (weight-bound still: many programs from N alone). More rows: 64- or 128-row tiles, 128
-    features unless N is small, BLOCK_K = min(group, 64).
+    M <= 4 (int8: 2; the GEMV kernel, no dot, BLOCK_M the next power of two): 8 KB of packed
+    words per program step, int4 128 features x 128 codes (the g128 group: one scale per row and
+    step), int8 64 x 128. M up to 16: 16 padded rows, tl.dot, BLOCK_K the group (at most 128).
+    M 17..64: 32- or 64-row tiles of 64 features (weight-bound still: many programs from N alone).
+    More rows: 64- or 128-row tiles, 128 features unless N is small, BLOCK_K = min(group, 64).
     """
     g = p.k if p.group >= p.k else p.group
-    if p.m == 1 and _gemv_ok(p):
-        return 1, 128 if p.bits == 4 else 64, 128, False, 4, 3
+    if p.m <= GEMV_ROWS and _gemv_ok(p):
+        block_m = _pow2_ge(p.m)
+        # int4 128 features (4 rows per thread; 255 registers, no spills at 4 rows of x), int8 64
+        return block_m, 128 if p.bits == 4 else 64, 128, False, 4, 3
     if p.m <= 16:
         return 16, 64, min(_pow2_le(g), 128), True, 4, 3
     if p.m <= 64:   # still weight-bound: narrow tiles, so N alone gives many programs
@@ -294,8 +402,9 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
 
 
 def _gemv_ok(p: LinearProblem) -> bool:
-    """The GEMV kernel reads int32 words: int8 rows need K % 4 == 0 (int4 always has K % 8 == 0)."""
-    return p.bits == 4 or p.k % 4 == 0
+    """The GEMV kernel reads int32 words: int8 rows need K % 4 == 0 (int4 always has K % 8 == 0);
+    int8 runs it up to 2 rows (its tiles hold twice the words of int4's)."""
+    return p.bits == 4 or (p.k % 4 == 0 and p.m <= 2)
 
 
 def code_mode(bits: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -305,6 +414,10 @@ def code_mode(bits: int, dtype: torch.dtype) -> tuple[int, int]:
     if dtype == torch.float16:
         return 2, 1024
     return (1, 128) if bits == 4 else (3, 0)
+
+
+def _pow2_ge(v: int) -> int:
+    return 1 << (v - 1).bit_length()
 
 
 def _pow2_le(v: int) -> int:
@@ -351,8 +464,8 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
     per_row = w.group_size == -1 or w.group >= p.k
     if use_dot and block_k > w.group and not per_row:
         raise ValueError(f"the dot path needs BLOCK_K ({block_k}) <= group ({w.group})")
-    if not use_dot and (p.m != 1 or not _gemv_ok(p)):
-        raise ValueError("the GEMV kernel takes M = 1 (and int8 K % 4 == 0)")
+    if not use_dot and (p.m > block_m or block_m > GEMV_MAX_M or (p.bits == 8 and p.k % 4)):
+        raise ValueError(f"the GEMV kernel takes M <= BLOCK_M <= {GEMV_MAX_M} (and int8 K % 4 == 0)")
     if not use_dot and not per_row and w.group < block_k and block_k % w.group:
         raise ValueError(f"the GEMV kernel needs BLOCK_K ({block_k}) and the group ({w.group}) to divide one another")
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
@@ -369,16 +482,17 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
     counters = _counters(x.device, tiles) if split > 1 and fixup else ws
     if use_dot:
         mode, offset = code_mode(w.bits, x.dtype)
-        _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, x.stride(0),
-                              w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
+        _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // 8,
+                              x.stride(0), w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
                               w.symmetric, has_bias, split > 1, fixup, triton_interpreting(), mode, offset,
                               block_m, block_n, block_k),
              num_warps=warps, num_stages=stages)
     else:
         pack = 32 // w.bits
-        _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.n, p.k, p.k // pack,
-                                 p.k // pack, k_per_split, split, w.bits, w.group, per_row, w.symmetric, has_bias,
-                                 split > 1, fixup, block_n, block_k),
+        _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // pack,
+                                 x.stride(0), p.k // pack, k_per_split // pack, split, w.bits, w.group, per_row,
+                                 w.symmetric, has_bias, split > 1, fixup, not triton_interpreting(), block_m, block_n,
+                                 block_k),
               num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         target = ws
@@ -394,8 +508,8 @@ def dequantize(w, dtype: torch.dtype) -> torch.Tensor:
     block_k = min(_pow2_le(k if per_row else w.group), 128)
     out = alloc.empty((n, k), dtype, w.device)
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
-    _dequant((cdiv(n, 32), cdiv(k, block_k)), (w.packed, w.scales_t, zeros, out, n, k, w.packed.stride(0), w.bits,
-                                                w.group, per_row, w.symmetric, 32, block_k), num_warps=4)
+    _dequant((cdiv(n, 32), cdiv(k, block_k)), (w.packed, w.scales_t, zeros, out, n, k, k // 8, w.packed.stride(0),
+                                                w.bits, w.group, per_row, w.symmetric, 32, block_k), num_warps=4)
     return out
 
 

@@ -11,9 +11,22 @@ import torch
 
 from ...runtime import dispatch
 from ...runtime.compile_support import compiled
+from ...runtime.lru import LRU
 from . import fakes, reference
-from .problem import (OPS, FusedCall, RotaryCall, check_append_range, check_table_range, prepare_append,
-                      prepare_fused, prepare_rotary)
+from .problem import (OPS, AppendCall, FusedCall, RotaryCall, append_signature, check_append_range,
+                      check_table_range, fused_signature, prepare_append, prepare_fused, prepare_rotary,
+                      rotary_signature)
+
+# Signatures of calls that passed validation, with their problems: a later call with the same
+# signature skips validation (its outcome is decided by the signature; CPU value checks still run).
+_valid_rotary: LRU[tuple, object] = LRU(4096, "rotary.valid_signatures")
+_valid_append: LRU[tuple, object] = LRU(4096, "kv_cache_append.valid_signatures")
+_valid_fused: LRU[tuple, tuple] = LRU(4096, "rotary_kv_cache_append.valid_signatures")
+
+
+def _remember(cache: LRU, sig, problem) -> None:
+    if sig is not None:
+        cache.put(sig, problem)
 
 
 def _torch_launch(call):
@@ -87,10 +100,19 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
         >>> torch.allclose(q2.norm(dim=-1), q.norm(dim=-1), atol=1e-5)   # a rotation keeps norms
         True
     """
+    sig = rotary_signature(q, k, cos, sin, positions, interleaved, inplace)
+    problem = _valid_rotary.get(sig) if sig is not None else None
+    if problem is not None and type(interleaved) is bool and type(inplace) is bool:
+        if problem.device_type == "cpu":
+            check_table_range(positions, cos.shape[0])
+        return dispatch.run("rotary_embedding", RotaryCall(problem, q, k, cos, sin, positions, inplace, sig), q)
     call = prepare_rotary(q, k, cos, sin, positions, interleaved, inplace)
     if q.numel() == 0 and k.numel() == 0:
         return (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
-    return dispatch.run("rotary_embedding", call, q)
+    call.sig = sig
+    out = dispatch.run("rotary_embedding", call, q)
+    _remember(_valid_rotary, sig, call.problem)
+    return out
 
 
 @compiled("kv_cache_append", fakes.kv_cache_append, mutates=("k_cache", "v_cache"))
@@ -121,14 +143,23 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
         >>> kc[:, 0, :, 0].tolist()
         [[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
     """
-    call = prepare_append(k_cache, v_cache, k, v, cache_seqlens)
-    if k.numel() == 0:
-        return None
+    sig = append_signature(k_cache, v_cache, k, v, cache_seqlens)
+    problem = _valid_append.get(sig) if sig is not None else None
+    if problem is not None:
+        call = AppendCall(problem, k_cache, v_cache, k, v, cache_seqlens, sig)
+    else:
+        call = prepare_append(k_cache, v_cache, k, v, cache_seqlens)
+        if k.numel() == 0:
+            return None
+        call.sig = sig
+    device_type = call.problem.device_type
     if check is None:
-        check = k_cache.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
-    if check or k_cache.device.type == "cpu":
+        check = device_type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    if check or device_type == "cpu":
         check_append_range(call)
     dispatch.run("kv_cache_append", call, k)
+    if problem is None:
+        _remember(_valid_append, sig, call.problem)
     return None
 
 
@@ -171,16 +202,30 @@ def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         >>> torch.allclose(q_rot, q2) and torch.allclose(kc[:, :, 3:5], k2) and torch.equal(vc[:, :, 3:5], v)
         True
     """
-    call = prepare_fused(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved, inplace)
-    if k.numel() == 0 and q.numel() == 0:
-        return q if inplace else torch.empty_like(q)
+    sig = fused_signature(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved, inplace)
+    problems = _valid_fused.get(sig) if sig is not None else None
+    if problems is not None and type(interleaved) is bool and type(inplace) is bool:
+        call = FusedCall(RotaryCall(problems[0], q, k, cos, sin, positions, inplace),
+                         AppendCall(problems[1], k_cache, v_cache, k, v, cache_seqlens), sig)
+        if problems[0].device_type == "cpu" and positions is not None:
+            check_table_range(positions, cos.shape[0])
+    else:
+        problems = None
+        call = prepare_fused(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved, inplace)
+        if k.numel() == 0 and q.numel() == 0:
+            return q if inplace else torch.empty_like(q)
+        call.sig = sig
+    device_type = call.problem.device_type
     if check is None:
-        check = k_cache.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
-    if check or k_cache.device.type == "cpu":
+        check = device_type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    if check or device_type == "cpu":
         check_append_range(call.app)
         if positions is None and k.shape[2]:
             check_table_range(cache_seqlens.to("cpu", torch.int64) + k.shape[2] - 1, cos.shape[0])
-    return dispatch.run("rotary_kv_cache_append", call, q)
+    out = dispatch.run("rotary_kv_cache_append", call, q)
+    if problems is None:
+        _remember(_valid_fused, sig, (call.rot.problem, call.app.problem))
+    return out
 
 
 _register()

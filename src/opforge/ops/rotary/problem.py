@@ -43,23 +43,66 @@ class RotaryProblem:
 
 
 class RotaryCall:
-    """A validated rotary_embedding call; ``q_out``/``k_out`` are q/k themselves when in place."""
+    """A validated rotary_embedding call; ``q_out``/``k_out`` are q/k themselves when in place.
 
-    __slots__ = ("problem", "q", "k", "cos", "sin", "positions", "inplace", "note")
+    ``sig`` is the call's signature (``rotary_signature``) when known: kernels keep their launch
+    arguments per signature."""
 
-    def __init__(self, problem, q, k, cos, sin, positions, inplace):
+    __slots__ = ("problem", "q", "k", "cos", "sin", "positions", "inplace", "note", "sig")
+
+    def __init__(self, problem, q, k, cos, sin, positions, inplace, sig=None):
         self.problem, self.q, self.k, self.cos, self.sin = problem, q, k, cos, sin
-        self.positions, self.inplace, self.note = positions, inplace, ""
+        self.positions, self.inplace, self.note, self.sig = positions, inplace, "", sig
 
 
 class AppendCall:
-    """A validated kv_cache_append call."""
+    """A validated kv_cache_append call (``sig``: its ``append_signature`` when known)."""
 
-    __slots__ = ("problem", "k_cache", "v_cache", "k", "v", "cache_seqlens", "note")
+    __slots__ = ("problem", "k_cache", "v_cache", "k", "v", "cache_seqlens", "note", "sig")
 
-    def __init__(self, problem, k_cache, v_cache, k, v, cache_seqlens):
+    def __init__(self, problem, k_cache, v_cache, k, v, cache_seqlens, sig=None):
         self.problem, self.k_cache, self.v_cache, self.k, self.v = problem, k_cache, v_cache, k, v
-        self.cache_seqlens, self.note = cache_seqlens, ""
+        self.cache_seqlens, self.note, self.sig = cache_seqlens, "", sig
+
+
+def rotary_signature(q, k, cos, sin, positions, interleaved, inplace) -> Optional[tuple]:
+    """Every fact that validation and the launch arguments of a rotary_embedding call depend on
+    (shapes, strides, dtypes, devices, flags), or None where an argument is not tensor-like.
+
+    A signature seen in a call that passed validation proves the next call with it valid, except
+    for the values (positions in the table), which only CPU tensors check.
+
+    Example:
+        >>> import torch
+        >>> x, t, p = torch.zeros(1, 2, 3, 8), torch.zeros(4, 2), torch.zeros(3, dtype=torch.int64)
+        >>> rotary_signature(x, x, t, t, p, False, True) == rotary_signature(x + 1, x, t, t, p, False, True)
+        True
+        >>> rotary_signature(x, x, t, t, None, False, True) is None
+        True
+    """
+    try:
+        return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+                cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
+                positions.shape, positions.stride(), positions.dtype, positions.device, interleaved, inplace)
+    except (AttributeError, TypeError):
+        return None
+
+
+def append_signature(k_cache, v_cache, k, v, cache_seqlens) -> Optional[tuple]:
+    """As ``rotary_signature``, for kv_cache_append.
+
+    Example:
+        >>> import torch
+        >>> c, x = torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 1, 8)
+        >>> append_signature(c, c, x, x, torch.zeros(2, dtype=torch.int32)) is not None
+        True
+    """
+    try:
+        return (k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, v_cache.shape, v_cache.stride(),
+                v_cache.dtype, v_cache.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype,
+                v.device, cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
+    except (AttributeError, TypeError):
+        return None
 
 
 def _tensor(name: str, t: object, ndim: Optional[int] = None) -> torch.Tensor:
@@ -203,10 +246,10 @@ def check_append_range(call: AppendCall) -> None:
 class FusedCall:
     """A validated rotary_kv_cache_append call: the rotary part and the append part."""
 
-    __slots__ = ("problem", "rot", "app", "note")
+    __slots__ = ("problem", "rot", "app", "note", "sig")
 
-    def __init__(self, rot: RotaryCall, app: AppendCall):
-        self.problem, self.rot, self.app, self.note = rot.problem, rot, app, ""
+    def __init__(self, rot: RotaryCall, app: AppendCall, sig=None):
+        self.problem, self.rot, self.app, self.note, self.sig = rot.problem, rot, app, "", sig
 
     def positions(self) -> torch.Tensor:
         """The rotation positions: the given ones, or ``cache_seqlens[b] + s`` (a device op, no sync)."""
@@ -215,6 +258,33 @@ class FusedCall:
         lens = self.app.cache_seqlens
         s = self.rot.q.shape[2]
         return lens.view(-1, 1) + torch.arange(s, device=lens.device, dtype=lens.dtype).view(1, s)
+
+
+class _NoPositions:
+    """Stands for ``positions=None`` in a signature."""
+
+    shape = dtype = device = None
+
+    def stride(self) -> None:
+        return None
+
+
+_NO_POSITIONS = _NoPositions()
+
+
+def fused_signature(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved,
+                    inplace) -> Optional[tuple]:
+    """As ``rotary_signature``, for rotary_kv_cache_append (``positions`` may be None).
+
+    Example:
+        >>> import torch
+        >>> x, c, t = torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 4, 8), torch.zeros(4, 4)
+        >>> fused_signature(x, x, x, c, c, torch.zeros(1, dtype=torch.int32), t, t, None, False, False) is None
+        False
+    """
+    rot = rotary_signature(q, k, cos, sin, _NO_POSITIONS if positions is None else positions, interleaved, inplace)
+    app = append_signature(k_cache, v_cache, k, v, cache_seqlens)
+    return None if rot is None or app is None else rot + app
 
 
 def prepare_fused(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions=None,

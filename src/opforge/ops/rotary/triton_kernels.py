@@ -27,8 +27,10 @@ from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import AppendCall, FusedCall, RotaryCall, RotaryProblem
 from ...runtime import alloc
+from ...runtime.lru import LRU
 
 TILE = 4096          # elements per (heads x features) tile of one program
+NUM_WARPS: Optional[int] = None   # None: from the tile size; an int overrides it (tuning sweeps)
 MAX_HEAD_DIM = 16384
 
 
@@ -141,14 +143,29 @@ def _heads_per_group(h: int, width: int) -> int:
     return max(1, min(next_power_of_2(max(h, 1)), TILE // width))
 
 
-def launch_rotary(call: RotaryCall):
+# Launch arguments per call signature (see problem.rotary_signature / append_signature): grid,
+# scalar and constexpr arguments, the part of the launch key they decide, num_warps, device index.
+_plans: LRU[tuple, tuple] = LRU(4096, "rotary.launch_plans")
+
+
+def _keep(kind: str, sig: Optional[tuple], plan: tuple) -> tuple:
+    if sig is not None:
+        _plans.put((kind, sig), plan)
+    return plan
+
+
+def _launch(launcher: TritonLauncher, plan: tuple, tensors: tuple) -> None:
+    """Launch with the plan's arguments; the launch key is completed by the pointers' alignment."""
+    grid, scalars, key0, warps, index = plan
+    ptrs = [t.data_ptr() for t in tensors]
+    key = key0 + tuple([a & 15 for a in ptrs])
+    if not launcher.launch_raw(key, grid, ptrs + scalars, warps, index):
+        launcher(grid, tensors + tuple(scalars), num_warps=warps, key=key)
+
+
+def _rotary_plan(call: RotaryCall, qo, ko) -> tuple:
     p = call.problem
     q, k, cos, sin, pos = call.q, call.k, call.cos, call.sin, call.positions
-    if call.inplace:
-        qo, ko = q, k
-    else:
-        qo = alloc.empty_packed_like(q)
-        ko = alloc.empty_packed_like(k)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     half = p.rotary_dim // 2
@@ -159,15 +176,27 @@ def launch_rotary(call: RotaryCall):
     hbq, hbk = _heads_per_group(hq, width), _heads_per_group(hkv, width)
     q_groups, k_groups = cdiv(hq, hbq), cdiv(hkv, hbk)
     spb, sps = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
-    warps = max(1, min(8, max(hbq, hbk) * width // 512))
+    warps = NUM_WARPS or max(1, min(8, max(hbq, hbk) * width // 512))
     ints = (s, hq, hkv, half, d, cos.shape[0], spb, sps, cos.stride(0), sin.stride(0), *q.stride()[:3],
             *qo.stride()[:3], *k.stride()[:3], *ko.stride()[:3], q_groups)
-    tensors = (q, k, qo, ko, cos, sin, pos)
     consts = (hbq, hbk, half_p, tail_p, p.interleaved, copy_tail)
-    # what Triton specializes on: dtypes and 16-byte alignment of the tensors, the class of each int
-    key = (q.get_device(), pos.dtype, q.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
-        tuple(map(int_spec, ints)) + consts + (warps,)
-    _rotary((b * s, q_groups + k_groups), tensors + ints + consts, num_warps=warps, key=key)
+    # what Triton specializes on: dtypes and 16-byte alignment of the tensors (added per call),
+    # the class of each int, the constexprs
+    key0 = (q.get_device(), pos.dtype, q.dtype) + tuple(map(int_spec, ints)) + consts + (warps,)
+    return (b * s, q_groups + k_groups), list(ints + consts), key0, warps, q.get_device()
+
+
+def launch_rotary(call: RotaryCall):
+    if call.inplace:
+        qo, ko = call.q, call.k
+    else:
+        qo = alloc.empty_packed_like(call.q)
+        ko = alloc.empty_packed_like(call.k)
+    sig = call.sig
+    plan = _plans.get(("rotary", sig)) if sig is not None else None
+    if plan is None:   # new outputs' strides follow from q's and k's: the signature decides them too
+        plan = _keep("rotary", sig, _rotary_plan(call, qo, ko))
+    _launch(_rotary, plan, (call.q, call.k, qo, ko, call.cos, call.sin, call.positions))
     return qo, ko
 
 
@@ -195,31 +224,36 @@ def _kv_append_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, len_ptr, S_new, H, D, S_max,
 _kv_append = TritonLauncher(_kv_append_kernel)
 
 
-def launch_kv_append(call: AppendCall) -> None:
+def _kv_append_plan(call: AppendCall) -> tuple:
     kc, vc, k, v, lens = call.k_cache, call.v_cache, call.k, call.v, call.cache_seqlens
     b, h, s_new, d = k.shape
     d_p = next_power_of_2(d)
     hb = _heads_per_group(h, d_p)
     warps = max(1, min(8, hb * d_p // 512))
-    tensors = (kc, vc, k, v, lens)
     ints = (s_new, h, d, kc.shape[2], lens.stride(0), *kc.stride()[:3], *vc.stride()[:3], *k.stride()[:3],
             *v.stride()[:3])
-    key = (k.get_device(), k.dtype, lens.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
-        tuple(map(int_spec, ints)) + (hb, d_p, warps)
-    _kv_append((b * s_new, cdiv(h, hb)), tensors + ints + (hb, d_p), num_warps=warps, key=key)
+    key0 = (k.get_device(), k.dtype, lens.dtype) + tuple(map(int_spec, ints)) + (hb, d_p, warps)
+    return (b * s_new, cdiv(h, hb)), list(ints + (hb, d_p)), key0, warps, k.get_device()
+
+
+def launch_kv_append(call: AppendCall) -> None:
+    sig = call.sig
+    plan = _plans.get(("append", sig)) if sig is not None else None
+    if plan is None:
+        plan = _keep("append", sig, _kv_append_plan(call))
+    _launch(_kv_append, plan, (call.k_cache, call.v_cache, call.k, call.v, call.cache_seqlens))
     return None
 
 
 _rotary_append = TritonLauncher(_rotary_append_kernel)
 
 
-def launch_fused(call: FusedCall):
+def _fused_plan(call: FusedCall, qo) -> tuple:
     p = call.problem
     rot, app = call.rot, call.app
     q, k, v, kc, vc, lens = rot.q, rot.k, app.v, app.k_cache, app.v_cache, app.cache_seqlens
     cos, sin = rot.cos, rot.sin
     pos = rot.positions if rot.positions is not None else lens   # unused when taken from lens
-    qo = q if rot.inplace else alloc.empty_packed_like(q)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     half = p.rotary_dim // 2
@@ -236,14 +270,25 @@ def launch_fused(call: FusedCall):
     else:
         spb, sps = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
     warps = max(1, min(8, max(hbq * width, hbk * d_p) // 512))
-    tensors = (q, k, v, qo, kc, vc, cos, sin, pos, lens)
     ints = (s, hq, hkv, half, d, cos.shape[0], kc.shape[2], spb, sps, lens.stride(0), cos.stride(0), sin.stride(0),
             *q.stride()[:3], *qo.stride()[:3], *k.stride()[:3], *v.stride()[:3], *kc.stride()[:3],
             *vc.stride()[:3], q_groups, k_groups)
     consts = (hbq, hbk, half_p, tail_p, d_p, p.interleaved, q_tail, k_tail, rot.positions is None)
-    key = (q.get_device(), q.dtype, pos.dtype, lens.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
-        tuple(map(int_spec, ints)) + consts + (warps,)
-    _rotary_append((b * s, q_groups + 2 * k_groups), tensors + ints + consts, num_warps=warps, key=key)
+    key0 = (q.get_device(), q.dtype, pos.dtype, lens.dtype) + tuple(map(int_spec, ints)) + consts + (warps,)
+    return (b * s, q_groups + 2 * k_groups), list(ints + consts), key0, warps, q.get_device()
+
+
+def launch_fused(call: FusedCall):
+    rot, app = call.rot, call.app
+    q = rot.q
+    qo = q if rot.inplace else alloc.empty_packed_like(q)
+    sig = call.sig
+    plan = _plans.get(("fused", sig)) if sig is not None else None
+    if plan is None:
+        plan = _keep("fused", sig, _fused_plan(call, qo))
+    pos = rot.positions if rot.positions is not None else app.cache_seqlens
+    _launch(_rotary_append, plan, (q, rot.k, app.v, qo, app.k_cache, app.v_cache, rot.cos, rot.sin, pos,
+                                   app.cache_seqlens))
     return qo
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from ...runtime import alloc, dispatch
+from ...runtime import alloc, dispatch, plans
 from ...runtime.compile_support import compiled
 from . import fakes, reference
-from .problem import OPS, SoftmaxCall, prepare
+from .problem import OPS, PLANS, SoftmaxCall, prepare, signature
 
 
 def _torch_launch(call: SoftmaxCall) -> torch.Tensor:
@@ -32,7 +32,16 @@ def _problem_builder(op: str):
 
 
 def _run(op: str, x: torch.Tensor, dim: int) -> torch.Tensor:
+    sig = None
+    if plans.enabled():
+        sig = signature(op, x, dim)
+        plan = PLANS.get(sig)
+        if plan is not None:
+            out = plan(x)
+            if out is not None:
+                return out
     call = prepare(op, x, dim)
+    call.signature = sig
     if call.problem.rows == 0 or call.problem.n == 0:
         return call.finish(alloc.empty(call.shape, x.dtype, x.device))
     return dispatch.run(op, call, x)

@@ -8,6 +8,7 @@ import torch
 
 from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
 from ...runtime.lru import LRU
+from ...runtime.plans import PlanCache
 from ...runtime.rows import Rows, as_rows
 
 OPS = ("softmax", "log_softmax")
@@ -53,17 +54,43 @@ class SoftmaxCall:
     already was the last one).
     """
 
-    __slots__ = ("problem", "x", "shape", "dim", "note", "scalar")
+    __slots__ = ("problem", "x", "shape", "dim", "note", "scalar", "signature")
 
     def __init__(self, problem: SoftmaxProblem, x: Rows, shape: torch.Size, dim: Optional[int], note: str,
                  scalar: bool = False):
         self.problem, self.x, self.shape, self.dim, self.note, self.scalar = problem, x, shape, dim, note, scalar
+        self.signature = None  # set where a launch plan may repeat this call (see ``signature()``)
 
     def finish(self, y: torch.Tensor) -> torch.Tensor:
         """Give a packed result of ``shape`` the caller's shape (dim moved back, 0-d restored)."""
         if self.scalar:
             return y.reshape(())
         return y if self.dim is None else y.movedim(-1, self.dim)
+
+
+#: Launch plans of softmax and log_softmax (``runtime.plans``).
+PLANS = PlanCache()
+
+
+def signature(op: str, x: object, dim: object) -> Optional[tuple]:
+    """What a launch plan of this call depends on: op, x's shape, dtype and device; None unless x
+    is a packed tensor of at least one dimension normalized over its last (a plan passes only
+    x's pointer and returns the packed output as it is).
+
+    Example:
+        >>> x = torch.randn(4, 64)
+        >>> signature("softmax", x, -1) == ("softmax", x.shape, x.dtype, x.device)
+        True
+        >>> signature("softmax", x, 0) is None, signature("softmax", x.t(), -1) is None
+        (True, True)
+    """
+    try:
+        shape = x.shape
+        if type(dim) is not int or not (dim == -1 or dim == len(shape) - 1) or not shape or not x.is_contiguous():
+            return None
+        return (op, shape, x.dtype, x.device)
+    except AttributeError:
+        return None
 
 
 _ACCEPTED = frozenset(HALF_AND_SINGLE + (torch.float64,))

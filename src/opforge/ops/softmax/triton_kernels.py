@@ -35,7 +35,7 @@ import triton.language as tl
 from ...runtime import alloc
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
-from .problem import MAX_ROWS, SoftmaxCall, SoftmaxProblem
+from .problem import MAX_ROWS, PLANS, SoftmaxCall, SoftmaxProblem
 
 MULTIROW_MAX_N = 1024
 TILE_BYTES = 4096                     # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
@@ -291,9 +291,34 @@ def launch_tile(call: SoftmaxCall, block_m: int, block_n: int, num_warps: int) -
     y = alloc.empty_packed_like(x)
     key = _key(x, int_spec(p.rows), int_spec(p.n), int_spec(inner), int_spec(so), int_spec(si), p.is_log,
                block_m, block_n, num_warps)
-    _tile((cdiv(p.rows, block_m),), (x, y, p.rows, p.n, inner, so, si, p.is_log, block_m, block_n),
-          num_warps=num_warps, key=key)
+    grid = (cdiv(p.rows, block_m),)
+    tail = (p.rows, p.n, inner, so, si, p.is_log, block_m, block_n)
+    _tile(grid, (x, y) + tail, num_warps=num_warps, key=key)
+    if call.signature is not None:
+        _offer_plan(_tile, key, call, grid[0], tail)
     return call.finish(y)
+
+
+def _offer_plan(launcher: TritonLauncher, key: tuple, call: SoftmaxCall, grid_x: int, tail: tuple) -> None:
+    """Leave a plan that repeats this launch for calls of the same signature (a packed x whose last
+    dimension is normalized: only x's and the output's pointers change per call)."""
+    x = call.x.tensor
+    if call.signature in PLANS or x.data_ptr() & 15:  # declined before (another device), or unaligned
+        return
+    go = launcher.raw_launcher(key)
+    if go is None:
+        return
+    index = x.get_device()
+    empty_like = alloc.empty_packed_like
+
+    def plan(x):
+        xp = x.data_ptr()
+        if xp & 15:
+            return None
+        y = empty_like(x)
+        return y if go(grid_x, (xp, y.data_ptr()) + tail, index) else None
+
+    PLANS.offer(call.signature, plan, "triton")
 
 
 def launch_multirow(call: SoftmaxCall) -> torch.Tensor:
@@ -325,8 +350,10 @@ def launch_looped(call: SoftmaxCall, chunk: Optional[int] = None, num_warps: Opt
     programs = min(p.rows, _sms(x) * (ctas_per_sm or LOOP_CTAS_PER_SM))
     key = _key(x, int_spec(p.rows), int_spec(p.n), int_spec(inner), int_spec(so), int_spec(si), p.is_log,
                r, c, hints, prefetch, num_warps, num_stages)
-    _looped((programs,), (x, y, p.rows, p.n, inner, so, si, p.is_log, r, c, hints, prefetch),
-            num_warps=num_warps, num_stages=num_stages, key=key)
+    tail = (p.rows, p.n, inner, so, si, p.is_log, r, c, hints, prefetch)
+    _looped((programs,), (x, y) + tail, num_warps=num_warps, num_stages=num_stages, key=key)
+    if call.signature is not None:
+        _offer_plan(_looped, key, call, programs, tail)
     return call.finish(y)
 
 
