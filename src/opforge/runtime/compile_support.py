@@ -34,11 +34,20 @@ names them: ``@compiled("kv_cache_append", fake, mutates=("k_cache", "v_cache"))
 returns None (or only its new outputs) and must not write anything. ``grad_check=False`` skips the
 autograd refusal for ops whose inputs never carry a graph (integer indices, caches). Callers
 with their own entry point (``opforge.fuse``) use ``requires_grad_in`` and ``refuse_autograd``.
+
+What one schema cannot say goes through ``route``: ``@compiled(name, fake, route=r)`` (or
+``compiled(name, None, route=r)``, registering no op for the function itself) makes dynamo trace
+``r(*args, **kwargs)`` instead, which calls ops registered with ``library_op``: an in-place
+variant when ``inplace=True`` (``rotary_embedding_`` declares q and k mutated and the route
+returns them), an ``out=`` variant, a ``QuantizedWeight`` passed as its plain tensors and ints,
+delays as ``list[int]`` or a tensor. See ``ops/rotary/fakes.py``, ``ops/quant/fakes.py``.
+torch refuses autograd formulas on mutating ops, so those have no backward registered: under
+``torch.compile`` only the functional ops raise ``InferenceOnlyError`` on a backward.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 
@@ -112,17 +121,54 @@ def _unalias(outputs: Any, inputs: list) -> Any:
     return outputs
 
 
-def compiled(name: str, fake: Callable[..., Any], mutates: Sequence[str] = (),
-             grad_check: bool = True) -> Callable[[F], F]:
+def library_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any], mutates: Sequence[str] = (),
+               grad_check: bool = True) -> Any:
+    """Register ``torch.ops.opforge.<name>`` over ``impl`` (annotated as in the module docstring).
+
+    For ops that a public function reaches only while compiling, through ``compiled(route=...)``:
+    an in-place variant, or the plain tensors and ints of an argument a custom op cannot take.
+    ``mutates`` names the arguments ``impl`` writes; outputs aliasing an input are cloned.
+
+    Example:
+        >>> import torch
+        >>> def _add_(x: torch.Tensor, y: torch.Tensor) -> None:
+        ...     x.add_(y)
+        >>> op = library_op("doctest_add_", _add_, lambda x, y: None, mutates=("x",))
+        >>> x = torch.zeros(2); op(x, torch.ones(2)); x.tolist()
+        [1.0, 1.0]
+    """
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        inputs += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+        return _unalias(impl(*args, **kwargs), inputs)
+
+    functools.update_wrapper(wrapped, impl)
+    wrapped.__doc__ = None
+    # the schema is read from impl's own annotations, resolved in impl's module
+    schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates))
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", wrapped, mutates_args=tuple(mutates), schema=schema)
+    op.register_fake(fake)
+    if grad_check and not mutates:  # compiled graphs that need a backward fail naming no_grad / inference_mode
+        op.register_autograd(_no_backward(name), setup_context=_no_context)
+    return op
+
+
+def compiled(name: Optional[str], fake: Optional[Callable[..., Any]], mutates: Sequence[str] = (),
+             grad_check: bool = True, route: Optional[Callable[..., Any]] = None) -> Callable[[F], F]:
     """Decorate a public op so it is a ``torch.library.custom_op`` under ``torch.compile`` and the
     plain function in eager mode (see the module docstring).
 
     Args:
         name: the op's name; the custom op is ``torch.ops.opforge.<name>``.
         fake: same signature as the op; returns empty outputs of the right shape, dtype and
-            strides (``torch.empty_like``...), computing nothing.
+            strides (``torch.empty_like``...), computing nothing. ``None`` (with ``route``):
+            register no op for the function itself.
         mutates: names of arguments the op writes in place.
         grad_check: refuse inputs that require grad in grad mode (``InferenceOnlyError``).
+        route: called with the public arguments instead of the custom op while compiling, for
+            what one schema cannot say: an argument a custom op cannot take (a
+            ``QuantizedWeight``, a list or a tensor), or a flag that makes the op write its inputs
+            (``inplace=True``). It calls ops registered with ``library_op``.
 
     Example:
         >>> import torch
@@ -139,37 +185,28 @@ def compiled(name: str, fake: Callable[..., Any], mutates: Sequence[str] = (),
         opforge.runtime.compile_support.InferenceOnlyError: opforge.doctest_twice is inference-only ...
     """
     def decorate(fn: F) -> F:
-        def impl(*args: Any, **kwargs: Any) -> Any:
-            inputs = [a for a in args if isinstance(a, torch.Tensor)]
-            inputs += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
-            return _unalias(fn(*args, **kwargs), inputs)
-
-        functools.update_wrapper(impl, fn)
-        impl.__doc__ = None
-        # the schema is read from fn's own annotations, resolved in fn's module
-        schema = torch.library.infer_schema(fn, mutates_args=tuple(mutates))
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates), schema=schema)
-        op.register_fake(fake)
-        if grad_check:  # compiled graphs that need a backward fail naming no_grad / inference_mode
-            op.register_autograd(_no_backward(name), setup_context=_no_context)
-
+        op = None if fake is None else library_op(name or fn.__name__, fn, fake, mutates, grad_check)
+        target = route if route is not None else op
+        if target is None:
+            raise ValueError("compiled: give a fake, a route, or both")
+        name_ = name or fn.__name__
         if grad_check:
             @functools.wraps(fn)
             def public(*args: Any, **kwargs: Any) -> Any:
                 if _is_compiling():
-                    return op(*args, **kwargs)
+                    return target(*args, **kwargs)
                 if _grad_enabled():  # the check inlined: a Python call costs ~60 ns
                     for a in args:
                         if isinstance(a, _Tensor) and a.requires_grad:
-                            refuse_autograd(name)
+                            refuse_autograd(name_)
                     if kwargs and requires_grad_in((), kwargs):
-                        refuse_autograd(name)
+                        refuse_autograd(name_)
                 return fn(*args, **kwargs)
         else:
             @functools.wraps(fn)
             def public(*args: Any, **kwargs: Any) -> Any:
                 if _is_compiling():
-                    return op(*args, **kwargs)
+                    return target(*args, **kwargs)
                 return fn(*args, **kwargs)
 
         public.custom_op = op  # type: ignore[attr-defined]

@@ -16,7 +16,8 @@ from typing import Optional
 import torch
 
 from ...runtime import alloc, dispatch
-from . import reference
+from ...runtime.compile_support import compiled
+from . import fakes, reference
 from .problem import OPS, AttentionCall, DecodeCall, check_cache_seqlens, prepare_attention, prepare_decode
 
 
@@ -54,6 +55,7 @@ def _problem_builder(op: str):
     return build
 
 
+@compiled("attention", fakes.attention)
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: Optional[float] = None) -> torch.Tensor:
     """Scaled dot-product attention ``softmax(scale * q kᵀ [+ causal mask]) v``, with grouped heads.
@@ -89,6 +91,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return dispatch.run("attention", call, q)
 
 
+@compiled("decode_attention", fakes.decode_attention)
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                      *, scale: Optional[float] = None) -> torch.Tensor:
     """Attention of a decode step's new queries over a KV cache of per-sequence lengths.

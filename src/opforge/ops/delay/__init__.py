@@ -12,7 +12,8 @@ from typing import Optional
 import torch
 
 from ...runtime import dispatch
-from . import reference
+from ...runtime.compile_support import compiled
+from . import fakes, reference
 from .problem import OPS, Delays, DelayCall, prepare
 
 
@@ -42,6 +43,7 @@ def _run(op: str, call: DelayCall) -> torch.Tensor:
     return dispatch.run(op, call, call.codes)
 
 
+@compiled("apply_delay", None, route=fakes.route_apply_delay)
 def apply_delay(codes: torch.Tensor, delays: Delays, *, bos_id: int, pad_id: int,
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Shift codebook c later by ``delays[c]`` steps: ``out[b, t, c] = codes[b, t - delays[c], c]``.
@@ -72,6 +74,7 @@ def apply_delay(codes: torch.Tensor, delays: Delays, *, bos_id: int, pad_id: int
     return _run("apply_delay", prepare("apply_delay", codes, delays, bos_id, pad_id, out))
 
 
+@compiled("revert_delay", None, route=fakes.route_revert_delay)
 def revert_delay(codes: torch.Tensor, delays: Delays, *, pad_id: int,
                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Undo ``apply_delay``: ``out[b, t, c] = codes[b, t + delays[c], c]``, ``pad_id`` where

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime import alloc, dispatch, trace
-from . import reference
+from ...runtime.compile_support import compiled
+from . import fakes, reference
 from .problem import OPS, LinearCall, prepare
 from .weight import QuantizedWeight, quantize_weight
 
@@ -54,6 +55,7 @@ def _dense(call: LinearCall) -> torch.Tensor:
     return F.linear(call.x, call.w, call.bias).view(call.out_shape)
 
 
+@compiled("linear", None, route=fakes.route_linear)
 def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x @ w.T + bias`` for a quantized (or dense) weight, as ``torch.nn.functional.linear``.
 

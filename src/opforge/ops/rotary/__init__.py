@@ -10,8 +10,9 @@ from typing import Optional
 import torch
 
 from ...runtime import dispatch
+from ...runtime.compile_support import compiled
 from ...runtime.lru import LRU
-from . import reference
+from . import fakes, reference
 from .problem import (OPS, AppendCall, FusedCall, RotaryCall, append_signature, check_append_range,
                       check_table_range, fused_signature, prepare_append, prepare_fused, prepare_rotary,
                       rotary_signature)
@@ -59,6 +60,7 @@ def _register() -> None:
                              "torch composite ops, float32 compute (float64 for float64 inputs)", _problem_builder)
 
 
+@compiled("rotary_embedding", fakes.rotary_embedding, route=fakes.route_rotary_embedding)
 def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      positions: torch.Tensor, *, interleaved: bool = False,
                      inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +115,7 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     return out
 
 
+@compiled("kv_cache_append", fakes.kv_cache_append, mutates=("k_cache", "v_cache"))
 def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     cache_seqlens: torch.Tensor, *, check: Optional[bool] = None) -> None:
     """Write k and v into the caches at positions ``cache_seqlens[b] .. cache_seqlens[b] + S_new - 1``.
@@ -160,6 +163,8 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     return None
 
 
+@compiled("rotary_kv_cache_append", fakes.rotary_kv_cache_append, mutates=("k_cache", "v_cache"),
+          route=fakes.route_rotary_kv_cache_append)
 def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                            v_cache: torch.Tensor, cache_seqlens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            positions: Optional[torch.Tensor] = None, *, interleaved: bool = False,

@@ -1,0 +1,36 @@
+"""torch.compile support for ``linear``: a custom op cannot take a ``QuantizedWeight``.
+
+While compiling, ``route_linear`` sends a quantized weight to ``opforge::quantized_linear``,
+an op over its plain tensors and ints (packed codes, transposed scales, zeros or None, bits,
+group size, N, K), which rebuilds the ``QuantizedWeight`` and runs ``linear``; a dense weight
+is ``torch.nn.functional.linear``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ...runtime.compile_support import library_op
+from .weight import QuantizedWeight
+
+
+def _quantized_linear(x: torch.Tensor, packed: torch.Tensor, scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor],
+                      bits: int, group_size: int, n: int, k: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    from . import linear  # the public function (this module is imported before it exists)
+    return linear.eager(x, QuantizedWeight(packed, scales_t, zeros_t, bits, group_size, (n, k)), bias)
+
+
+def _fake_quantized_linear(x, packed, scales_t, zeros_t, bits, group_size, n, k, bias):
+    return x.new_empty(x.shape[:-1] + (n,))
+
+
+quantized_linear_op = library_op("quantized_linear", _quantized_linear, _fake_quantized_linear)
+
+
+def route_linear(x, w, bias=None):
+    if isinstance(w, QuantizedWeight):
+        return quantized_linear_op(x, w.packed, w.scales_t, w.zeros_t, w.bits, w.group_size,
+                                   w.shape[0], w.shape[1], bias)
+    return F.linear(x, w, bias)
