@@ -21,6 +21,7 @@ from .ops.rotary import kv_cache_append, rotary_embedding, rotary_kv_cache_appen
 from .ops.softmax import log_softmax, softmax
 from .runtime.device import DeviceInfo, device_info
 from .runtime.device_config import DeviceConfig, device_config
+from .runtime.compile_support import InferenceOnlyError
 from .runtime.errors import NoKernelError
 from .runtime.policy import FallbackWarning, backend, strict
 from .runtime.registry import explain
@@ -37,7 +38,7 @@ __all__ = [
     "rotary_embedding", "kv_cache_append", "rotary_kv_cache_append", "apply_delay", "revert_delay",
     "attention", "decode_attention",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
-    "NoKernelError", "FallbackWarning", "nn",
+    "NoKernelError", "InferenceOnlyError", "FallbackWarning", "nn",
     "device_config", "DeviceConfig", "models", "patch",
     "fuse", "FusionError", "UnfusableError",
     "load_safetensors", "save_safetensors", "SafetensorsError",
