@@ -60,8 +60,8 @@ GEMV_ROWS = 4
 #: instead of a second combine kernel, per kernel. H100 sweep (round 3, int4 g128): on for the
 #: GEMV kernel (4096x4096 M=1 18.0 -> 13.1 us, M=4 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2,
 #: M=4 220.1 -> 210.9), bitwise equal to the combine kernel; off for the dot kernel (M=8/16:
-#: -5% at 4096x4096, +1-2% at 28672x8192). With it on, launches that split K must not run
-#: concurrently on two streams of one device (one counter buffer per device, see ``_counters``).
+#: -5% at 4096x4096, +1-2% at 28672x8192). Its tile counters are per device and stream
+#: (``_counters``).
 SPLIT_FIXUP_GEMV = True
 SPLIT_FIXUP_DOT = False
 
@@ -457,11 +457,13 @@ _counter_buffers: dict = {}
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     """Per-tile arrival counters for the FIXUP split reduction: zeroed once, and left at zero by
-    every launch (the last split of a tile resets its counter). One buffer per device: launches
-    that split K must not run concurrently on two streams of one device with FIXUP on."""
-    buf = _counter_buffers.get(device)
+    every launch (the last split of a tile resets its counter). One buffer per device and CUDA
+    stream (launches on one stream run in order), so two streams never share counters."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream)
+    buf = _counter_buffers.get(key)
     if buf is None or buf.numel() < tiles:
-        buf = _counter_buffers[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        buf = _counter_buffers[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
     return buf
 
 
