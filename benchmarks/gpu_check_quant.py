@@ -131,7 +131,7 @@ CORRECTNESS_BUDGET = 30.0   # seconds: each new constexpr combination compiles (
 def correctness(device: str, smoke: bool, results: dict) -> None:
     """The timed formats at every variant's M; the other formats at M = 1 and 17 (both kernels)."""
     n, k = (64, 256) if smoke else (1536, 2048)
-    full = (1, 3, 17) if smoke else (1, 2, 3, 16, 17, 64, 300)
+    full = (1, 3, 17) if smoke else (1, 2, 3, 16, 17, 64, 100, 300)
     w = torch.randn(n, k, device=device) * 0.02
     few = (1, 3, 17)        # the GEMV kernel with 1 and 4 rows, the dot kernel
     plan = [(4, 128, False, full), (8, -1, True, (1, 2, 3, 16, 17)), (8, 128, False, (1, 16)),
@@ -164,7 +164,7 @@ def correctness(device: str, smoke: bool, results: dict) -> None:
 
 
 def check_fixup(device: str, qw: opforge.QuantizedWeight, results: dict) -> None:
-    """The in-kernel split reduction (SPLIT_FIXUP) against the oracle and the combine kernel, 20 calls."""
+    """The in-kernel split reduction (SPLIT_FIXUP_GEMV/_DOT) against the oracle and the combine kernel, 20 calls."""
     from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
     for m in (1, 8, 40):
         label = f"int4 g128 M={m} split reduction in the kernel (FIXUP)"
@@ -277,7 +277,7 @@ SWEEP = {
     1: [(1, 128, 128, False, 4, 3), (1, 256, 128, False, 4, 3), (1, 64, 128, False, 4, 3),
         (1, 128, 256, False, 4, 3), (1, 256, 128, False, 8, 3), (16, 64, 128, True, 4, 3)],
     4: [(4, 128, 128, False, 4, 3), (4, 64, 128, False, 4, 3), (16, 64, 128, True, 4, 3)],
-    8: [(16, 64, 128, True, 4, 3), (8, 32, 128, False, 4, 3)],
+    8: [(16, 64, 128, True, 4, 3), (16, 128, 128, True, 4, 3), (8, 32, 128, False, 4, 3)],
     16: [(16, 64, 128, True, 4, 3), (16, 128, 128, True, 4, 3), (16, 32, 128, True, 4, 3), (16, 64, 128, True, 4, 4)],
     64: [(64, 64, 64, True, 4, 3), (64, 64, 128, True, 4, 3), (64, 128, 64, True, 4, 3), (32, 64, 128, True, 4, 3),
          (16, 128, 128, True, 4, 3)],
@@ -332,13 +332,13 @@ def sweep(bench: Bench, results: dict) -> None:
             default = qtk.tile_config(call.problem)
             ref = oracle(x, q4)
             nbytes = q4.nbytes + x.numel() * 2 + m * n * 2
-            choices = [(cfg, qtk.PROGRAMS_PER_SM, qtk.SPLIT_FIXUP) for cfg in (configs[:2] if smoke else configs)]
+            choices = [(cfg, qtk.PROGRAMS_PER_SM, qtk.split_fixup(cfg)) for cfg in (configs[:2] if smoke else configs)]
             if m <= 16:
                 choices += [(default, pps, fx) for pps, fx in SPLIT_CHOICES
-                            if (pps, fx) != (qtk.PROGRAMS_PER_SM, qtk.SPLIT_FIXUP)]
+                            if (pps, fx) != (qtk.PROGRAMS_PER_SM, qtk.split_fixup(default))]
             for cfg, pps, fixup in choices:
                 label = f"{n}x{k} M={m:<4d} {str(cfg):32s} pps={pps}{' fixup' if fixup else ''}"
-                is_default = cfg == default and pps == qtk.PROGRAMS_PER_SM and fixup == qtk.SPLIT_FIXUP
+                is_default = cfg == default and pps == qtk.PROGRAMS_PER_SM and fixup == qtk.split_fixup(default)
                 row = dict(shape=[n, k], m=m, config=list(cfg), programs_per_sm=pps, fixup=fixup, default=is_default)
                 timed(label, (n, k, m), lambda: qtk.launch_config(call, cfg, pps, fixup), ref, nbytes, is_default, row)
         for m in ([64] if smoke else DEQUANT_MS):

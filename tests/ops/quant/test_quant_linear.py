@@ -224,3 +224,31 @@ def test_gemv_kernel_with_several_rows(bits, group_size, symmetric, m, block_m):
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
     uses_gemv = m <= tk.GEMV_ROWS and (bits == 4 or m <= 2)
     assert (tk.tile_config(call.problem)[3] is False) == uses_gemv
+
+
+@pytest.mark.parametrize("bits,m,block_n,block_k,use_dot,fixup", [
+    (4, 1, 128, 128, False, True), (4, 4, 128, 128, False, True), (8, 2, 64, 128, False, True),
+    (4, 8, 128, 128, True, False), (4, 16, 128, 128, True, False), (8, 16, 64, 128, True, False),
+    (4, 40, 64, 128, True, False), (8, 40, 64, 64, True, False)])
+def test_default_launch_choices_per_row_bucket(bits, m, block_n, block_k, use_dot, fixup):
+    """The defaults the H100 sweep chose (tiles per M bucket, the in-kernel split reduction for
+    the GEMV kernel) run at a small shape with K split: against the float64 oracle, bitwise equal
+    to the combine kernel, tile counters left at zero."""
+    from opforge.ops.quant import problem
+    n, k = 40, 2048
+    qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, 128)
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
+    call = problem.prepare(x, qw, bias)
+    cfg = tk.tile_config(call.problem)
+    assert cfg[1:4] == (block_n, block_k, use_dot) and tk.split_fixup(cfg) is fixup
+    assert tk._split(tk.cdiv(m, cfg[0]) * tk.cdiv(n, cfg[1]), k, cfg[2], x.device, tk.PROGRAMS_PER_SM)[0] > 1
+    with opforge.runtime.alloc.poisoned_outputs():
+        y = tk.launch(call)
+        other = tk.launch_config(call, cfg, fixup=not fixup)
+    assert torch.equal(y, other)
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
+    assert int(tk._counters(x.device, 1).abs().sum()) == 0
+    y, event = run_triton(x, qw, bias)
+    assert event.variant == ("decode" if m <= DECODE_MAX_M else "prefill")
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]

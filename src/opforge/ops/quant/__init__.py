@@ -14,7 +14,7 @@ Storage (what the kernels read; ``from_codes``/``dequantize`` hide it):
 The kernels never round a dequantized weight to 16 bits: per group they compute
 ``scale * (sum_k x*code - zero * sum_k x)`` with the integer codes (exact in fp16/bf16) as the
 tensor-core operand, so the result is what the QuantizedWeight represents up to float32
-accumulation (the ``dequant_gemm`` variant, for M >= 1024 rows, rounds the dequantized weight
+accumulation (the ``dequant_gemm`` variant, for M >= 256 rows, rounds the dequantized weight
 to x's dtype and lets cuBLAS multiply). Every call validates its arguments, selects a variant (Triton on CUDA, the torch
 path elsewhere; Metal kernels are not written yet), runs it and, inside ``opforge.trace()``,
 records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend.
@@ -68,7 +68,7 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
 
     Returns:
         (..., N) in x's dtype; accumulation in float32. Triton variants: ``decode`` (M <= 16 rows),
-        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 1024: the weight dequantized to x's
+        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 256: the weight dequantized to x's
         dtype, then cuBLAS), see ``opforge.ops.quant.triton_kernels``.
 
     Example:

@@ -14,9 +14,10 @@ OPS = ("linear",)
 DECODE_MAX_M = 16
 #: From this many rows on, the weight is dequantized to x's dtype and cuBLAS multiplies (the
 #: ``dequant_gemm`` variant): the dequantization costs one pass over N*K, small next to an
-#: M*N*K GEMM this large. A prediction until measured (benchmarks/gpu_check_quant.py times both);
-#: None turns it off.
-DEQUANT_GEMM_MIN_M: "Optional[int]" = 1024
+#: M*N*K GEMM this large. H100 sweep (round 3, int4 g128, benchmarks/gpu_check_quant.py): at
+#: M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM 112.9 (4096x4096), 439.6 vs 802.1
+#: (28672x8192); M=64 stays on the Triton GEMM (30.8 us vs ~37 predicted). None turns it off.
+DEQUANT_GEMM_MIN_M: "Optional[int]" = 256
 
 
 @dataclass(frozen=True)

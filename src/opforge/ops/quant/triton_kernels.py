@@ -21,8 +21,9 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   dequantized weight to 16 bits; at these M the GEMM dwarfs the extra pass.
 
 The GEMV and dot kernels split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
-split writes float32 partials to a workspace (split, M, N) and a tiny second kernel adds them in
-split order, adds the bias and casts (deterministic; no atomics, no memset).
+split writes float32 partials to a workspace (split, M, N); a tiny second kernel (dot kernel) or the
+last split of each tile (GEMV kernel, ``SPLIT_FIXUP_GEMV``) adds them in split order, adds the
+bias and casts (deterministic either way, and bitwise the same; no atomics on the data).
 
 Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``. Codes are
 exact in float32 and in 16-bit floats (the dot path keeps an offset on them, 128 or 1024, folded
@@ -56,8 +57,13 @@ GEMV_MAX_M = 16
 #: sm_90 (ptxas, benchmarks/quant_ptx.py) and the tl.dot kernel with 16 padded rows takes over.
 GEMV_ROWS = 4
 #: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
-#: instead of a second combine kernel. Off until measured on a GPU (gpu_check_quant.py --sweep).
-SPLIT_FIXUP = False
+#: instead of a second combine kernel, per kernel. H100 sweep (round 3, int4 g128): on for the
+#: GEMV kernel (4096x4096 M=1 18.0 -> 13.1 us, M=4 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2,
+#: M=4 220.1 -> 210.9), bitwise equal to the combine kernel; off for the dot kernel (M=8/16:
+#: -5% at 4096x4096, +1-2% at 28672x8192). Its tile counters are per device and stream
+#: (``_counters``).
+SPLIT_FIXUP_GEMV = True
+SPLIT_FIXUP_DOT = False
 
 
 @triton.jit
@@ -383,9 +389,17 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
 
     M <= 4 (int8: 2; the GEMV kernel, no dot, BLOCK_M the next power of two): 8 KB of packed
     words per program step, int4 128 features x 128 codes (the g128 group: one scale per row and
-    step), int8 64 x 128. M up to 16: 16 padded rows, tl.dot, BLOCK_K the group (at most 128).
-    M 17..64: 32- or 64-row tiles of 64 features (weight-bound still: many programs from N alone).
+    step), int8 64 x 128. M up to 16: 16 padded rows, tl.dot, BLOCK_K the group (at most 128),
+    int4 128 features, int8 64. M 17..64: 32- or 64-row tiles of 64 features (weight-bound
+    still: many programs from N alone), BLOCK_K = min(group, 64), int4 33..64 rows 128.
     More rows: 64- or 128-row tiles, 128 features unless N is small, BLOCK_K = min(group, 64).
+    The int4 choices for M 5..16 and 33..64 are the H100 sweep's best (round 3, 4096x4096 and
+    28672x8192, int4 g128; benchmarks/NOTES.md); int8 keeps the earlier tiles (not swept).
+
+    Example:
+        >>> from opforge.ops.quant.problem import LinearProblem
+        >>> tile_config(LinearProblem(torch.bfloat16, 16, 4096, 4096, 4, 128, False, False, "cuda"))
+        (16, 128, 128, True, 4, 3)
     """
     g = p.k if p.group >= p.k else p.group
     if p.m <= GEMV_ROWS and _gemv_ok(p):
@@ -393,9 +407,12 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
         # int4 128 features (4 rows per thread; 255 registers, no spills at 4 rows of x), int8 64
         return block_m, 128 if p.bits == 4 else 64, 128, False, 4, 3
     if p.m <= 16:
-        return 16, 64, min(_pow2_le(g), 128), True, 4, 3
+        # int4 128 features: 4096x4096 M=16 31.5 -> 25.6 us, 28672x8192 328.9 -> 240.8 us (H100)
+        return 16, 128 if p.bits == 4 else 64, min(_pow2_le(g), 128), True, 4, 3
     if p.m <= 64:   # still weight-bound: narrow tiles, so N alone gives many programs
-        return 32 if p.m <= 32 else 64, 64, min(_pow2_le(g), 64), True, 4, 3
+        # int4 64 rows, BLOCK_K up to 128: M=64 34.1 -> 30.8 us, 233.9 -> 221.3 us (H100)
+        wide_k = p.bits == 4 and p.m > 32
+        return 32 if p.m <= 32 else 64, 64, min(_pow2_le(g), 128 if wide_k else 64), True, 4, 3
     block_m = 64 if p.m < 256 else 128
     block_n = 128 if p.n >= 128 else 64
     return block_m, block_n, min(_pow2_le(g), 64), True, 8 if block_m == 128 else 4, 3
@@ -440,12 +457,25 @@ _counter_buffers: dict = {}
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     """Per-tile arrival counters for the FIXUP split reduction: zeroed once, and left at zero by
-    every launch (the last split of a tile resets its counter). One buffer per device: launches
-    that split K must not run concurrently on two streams of one device with FIXUP on."""
-    buf = _counter_buffers.get(device)
+    every launch (the last split of a tile resets its counter). One buffer per device and CUDA
+    stream (launches on one stream run in order), so two streams never share counters."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream)
+    buf = _counter_buffers.get(key)
     if buf is None or buf.numel() < tiles:
-        buf = _counter_buffers[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        buf = _counter_buffers[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
     return buf
+
+
+def split_fixup(config: tuple) -> bool:
+    """Whether a ``tile_config`` tuple reduces K splits in the kernel by default (per kernel:
+    ``SPLIT_FIXUP_GEMV`` without dot, ``SPLIT_FIXUP_DOT`` with it).
+
+    Example:
+        >>> split_fixup((1, 128, 128, False, 4, 3)), split_fixup((16, 128, 128, True, 4, 3))
+        (True, False)
+    """
+    return SPLIT_FIXUP_DOT if config[3] else SPLIT_FIXUP_GEMV
 
 
 def launch(call: LinearCall) -> torch.Tensor:
@@ -477,7 +507,7 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
-    fixup = SPLIT_FIXUP if fixup is None else fixup
+    fixup = split_fixup(config) if fixup is None else fixup
     ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
     counters = _counters(x.device, tiles) if split > 1 and fixup else ws
     if use_dot:
@@ -547,6 +577,6 @@ def supports_prefill(p: LinearProblem):
 VARIANTS = (
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
-     "M >= 1024: weight dequantized to x's dtype in one pass, then cuBLAS"),
+     "M >= 256: weight dequantized to x's dtype in one pass, then cuBLAS"),
     ("prefill", supports_prefill, launch, "M > 16: codes fed to tl.dot per group tile, scale/zero per group"),
 )
