@@ -153,10 +153,14 @@ def test_verify_cases(backend):
     """The cases ``opforge verify`` runs pass on both backends (quick set)."""
     from opforge.ops.quant import cases
     from opforge.testing import check_case
+    from opforge.ops.quant.problem import dequant_gemm_min_m
     chosen = cases.verify_cases("cuda" if DEVICE == "cuda" else "cpu", quick=True)
     assert len(chosen) >= 10
     variants = {check_case(case, backend)[0].variant for case in chosen}
-    assert variants == ({"decode", "prefill"} if backend == "triton" else {"reference"})
+    threshold = dequant_gemm_min_m()
+    large = threshold is not None and any(case.shape[0] >= threshold for case in chosen)
+    triton = {"decode", "prefill"} | ({"dequant_gemm"} if large else set())
+    assert variants == (triton if backend == "triton" else {"reference"})
 
 
 @pytest.mark.parametrize("bits, group_size, symmetric", [(4, 128, False), (8, 32, True), (4, -1, True)])
@@ -172,6 +176,7 @@ def test_triton_dequantize_is_exact(bits, group_size, symmetric):
 
 def test_dequant_gemm_variant_for_many_rows(monkeypatch):
     from opforge.ops.quant import problem
+    monkeypatch.setattr(problem, "TUNED", False)
     monkeypatch.setattr(problem, "DEQUANT_GEMM_MIN_M", 40)
     qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
     x = torch.randn(45, K, device=DEVICE, dtype=torch.float16)
@@ -226,15 +231,26 @@ def test_gemv_kernel_with_several_rows(bits, group_size, symmetric, m, block_m):
     assert (tk.tile_config(call.problem)[3] is False) == uses_gemv
 
 
-@pytest.mark.parametrize("bits,m,block_n,block_k,use_dot,fixup", [
-    (4, 1, 128, 128, False, True), (4, 4, 128, 128, False, True), (8, 2, 64, 128, False, True),
-    (4, 8, 128, 128, True, False), (4, 16, 128, 128, True, False), (8, 16, 64, 128, True, False),
-    (4, 40, 64, 128, True, False), (8, 40, 64, 64, True, False)])
-def test_default_launch_choices_per_row_bucket(bits, m, block_n, block_k, use_dot, fixup):
-    """The defaults the H100 sweep chose (tiles per M bucket, the in-kernel split reduction for
-    the GEMV kernel) run at a small shape with K split: against the float64 oracle, bitwise equal
-    to the combine kernel, tile counters left at zero."""
+#: (bits, M) -> (BLOCK_N, BLOCK_K, use_dot, fixup) at N=40, K=2048, g128: main's defaults (measured
+#: end to end on the H100) and the round-3 sweep's choices under OPFORGE_QUANT_TUNED=1.
+DEFAULT_CHOICES = {(4, 1): (128, 128, False, False), (4, 4): (128, 128, False, False), (8, 2): (64, 128, False, False),
+                   (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
+                   (4, 40): (64, 64, True, False), (8, 40): (64, 64, True, False)}
+TUNED_CHOICES = {(4, 1): (128, 128, False, True), (4, 4): (128, 128, False, True), (8, 2): (64, 128, False, True),
+                 (4, 8): (128, 128, True, False), (4, 16): (128, 128, True, False), (8, 16): (64, 128, True, False),
+                 (4, 40): (64, 128, True, False), (8, 40): (64, 64, True, False)}
+
+
+@pytest.mark.parametrize("tuned", [False, True], ids=["default", "tuned"])
+@pytest.mark.parametrize("bits,m", list(DEFAULT_CHOICES))
+def test_default_launch_choices_per_row_bucket(monkeypatch, tuned, bits, m):
+    """The launch choices per M bucket under each setting (the default: main's; tuned: the H100
+    sweep's tiles and the in-kernel split reduction for the GEMV kernel) run at a small shape
+    with K split: against the float64 oracle, bitwise equal to the other split reduction, tile
+    counters left at zero."""
     from opforge.ops.quant import problem
+    monkeypatch.setattr(problem, "TUNED", tuned)
+    block_n, block_k, use_dot, fixup = (TUNED_CHOICES if tuned else DEFAULT_CHOICES)[bits, m]
     n, k = 40, 2048
     qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, 128)
     x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
@@ -252,3 +268,52 @@ def test_default_launch_choices_per_row_bucket(bits, m, block_n, block_k, use_do
     y, event = run_triton(x, qw, bias)
     assert event.variant == ("decode" if m <= DECODE_MAX_M else "prefill")
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
+
+
+# main's tile_config at N=K=4096 (g128 and per-row), the defaults every GPU run so far measured
+MAIN_TILES = {
+    (4, 128, 1): (1, 128, 128, False, 4, 3), (4, 128, 3): (4, 128, 128, False, 4, 3),
+    (4, 128, 5): (16, 64, 128, True, 4, 3), (4, 128, 16): (16, 64, 128, True, 4, 3),
+    (4, 128, 17): (32, 64, 64, True, 4, 3), (4, 128, 33): (64, 64, 64, True, 4, 3),
+    (4, 128, 64): (64, 64, 64, True, 4, 3), (4, 128, 65): (64, 128, 64, True, 4, 3),
+    (4, 128, 256): (128, 128, 64, True, 8, 3), (4, -1, 16): (16, 64, 128, True, 4, 3),
+    (4, -1, 64): (64, 64, 64, True, 4, 3), (8, 128, 2): (2, 64, 128, False, 4, 3),
+    (8, 128, 3): (16, 64, 128, True, 4, 3), (8, 128, 64): (64, 64, 64, True, 4, 3),
+}
+
+
+def test_default_choices_are_mains(monkeypatch):
+    """With OPFORGE_QUANT_TUNED unset every launch choice is main's: tiles, no in-kernel split
+    reduction, dequant+cuBLAS from 1024 rows; the tuned setting changes exactly the swept ones."""
+    from opforge.ops.quant import problem
+    from opforge.ops.quant.problem import LinearProblem
+
+    def prob(bits, group, m):
+        return LinearProblem(torch.bfloat16, m, 4096, 4096, bits, 4096 if group == -1 else group, False, False, "cuda")
+
+    monkeypatch.setattr(problem, "TUNED", False)
+    assert {key: tk.tile_config(prob(*key)) for key in MAIN_TILES} == MAIN_TILES
+    assert not any(tk.split_fixup(cfg) for cfg in MAIN_TILES.values())
+    assert problem.dequant_gemm_min_m() == 1024
+    assert [prob(4, 128, m).large for m in (255, 256, 1023, 1024)] == [False, False, False, True]
+    monkeypatch.setattr(problem, "TUNED", True)
+    changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
+    assert changed == {(4, 128, 5), (4, 128, 16), (4, 128, 33), (4, 128, 64), (4, -1, 16), (4, -1, 64)}
+    assert [tk.split_fixup(MAIN_TILES[key]) for key in ((4, 128, 1), (8, 128, 2), (4, 128, 16))] == [True, True, False]
+    assert problem.dequant_gemm_min_m() == 256
+    assert [prob(4, 128, m).large for m in (255, 256)] == [False, True]
+
+
+def test_tuned_setting_is_read_from_the_environment():
+    """OPFORGE_QUANT_TUNED=1 at import turns the tuned choices on (a fresh interpreter)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch; from opforge.ops.quant import problem, triton_kernels as tk; "
+            "p = problem.LinearProblem(torch.bfloat16, 16, 4096, 4096, 4, 128, False, False, 'cuda'); "
+            "print(problem.TUNED, problem.dequant_gemm_min_m(), tk.tile_config(p)[1])")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    for value, want in (("1", "True 256 128"), ("0", "False 1024 64")):
+        env["OPFORGE_QUANT_TUNED"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.stdout.split("\n")[-2] == want, out.stderr[-2000:]

@@ -1,6 +1,7 @@
 """Validation of ``linear`` arguments, and the problem description variants see."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -12,12 +13,31 @@ from .weight import QuantizedWeight
 OPS = ("linear",)
 #: Up to this many rows of x, the decode variant runs (all rows share each weight load).
 DECODE_MAX_M = 16
+#: Whether the launch choices of the round-3 H100 sweep apply (``OPFORGE_QUANT_TUNED=1``, read
+#: once at import; see the family's docstring). Off by default: they were chosen from a sweep of
+#: single launch configs but never measured end to end, so the defaults stay the measured ones.
+#: The kernels read this module attribute at every call (tests and benchmarks flip it).
+TUNED: bool = os.environ.get("OPFORGE_QUANT_TUNED", "") not in ("", "0")
 #: From this many rows on, the weight is dequantized to x's dtype and cuBLAS multiplies (the
 #: ``dequant_gemm`` variant): the dequantization costs one pass over N*K, small next to an
-#: M*N*K GEMM this large. H100 sweep (round 3, int4 g128, benchmarks/gpu_check_quant.py): at
-#: M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM 112.9 (4096x4096), 439.6 vs 802.1
-#: (28672x8192); M=64 stays on the Triton GEMM (30.8 us vs ~37 predicted). None turns it off.
-DEQUANT_GEMM_MIN_M: "Optional[int]" = 256
+#: M*N*K GEMM this large. None turns it off. The default (the one every GPU run so far used) ...
+DEQUANT_GEMM_MIN_M: "Optional[int]" = 1024
+#: ... and the threshold under ``TUNED``. H100 sweep (round 3, int4 g128,
+#: benchmarks/gpu_check_quant.py --sweep): at M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM
+#: 112.9 (4096x4096), 439.6 vs 802.1 (28672x8192); M=64 stays on the Triton GEMM. Unmeasured
+#: end to end (``gpu_check_quant.py --tuned`` times both settings).
+DEQUANT_GEMM_MIN_M_TUNED: "Optional[int]" = 256
+
+
+def dequant_gemm_min_m() -> "Optional[int]":
+    """The row count from which the ``dequant_gemm`` variant runs (None: never), under the
+    current setting (``TUNED``).
+
+    Example:
+        >>> dequant_gemm_min_m() == (DEQUANT_GEMM_MIN_M_TUNED if TUNED else DEQUANT_GEMM_MIN_M)
+        True
+    """
+    return DEQUANT_GEMM_MIN_M_TUNED if TUNED else DEQUANT_GEMM_MIN_M
 
 
 @dataclass(frozen=True)
@@ -44,7 +64,8 @@ class LinearProblem:
 
     @property
     def large(self) -> bool:
-        return DEQUANT_GEMM_MIN_M is not None and self.m >= DEQUANT_GEMM_MIN_M
+        threshold = dequant_gemm_min_m()
+        return threshold is not None and self.m >= threshold
 
     @property
     def key(self) -> tuple:

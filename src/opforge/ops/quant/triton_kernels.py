@@ -16,14 +16,21 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
   read from DRAM about once.
 
-* ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``): ``_dequant_kernel`` writes the weight
+* ``dequant_gemm`` (M >= ``problem.dequant_gemm_min_m()``): ``_dequant_kernel`` writes the weight
   in x's dtype (one pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the
   dequantized weight to 16 bits; at these M the GEMM dwarfs the extra pass.
 
 The GEMV and dot kernels split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
-split writes float32 partials to a workspace (split, M, N); a tiny second kernel (dot kernel) or the
-last split of each tile (GEMV kernel, ``SPLIT_FIXUP_GEMV``) adds them in split order, adds the
-bias and casts (deterministic either way, and bitwise the same; no atomics on the data).
+split writes float32 partials to a workspace (split, M, N); a tiny second kernel or, with
+``fixup`` (by default only under ``problem.TUNED``, GEMV kernel), the last split of each tile adds
+them in split order, adds the bias and casts (deterministic either way, and bitwise the same; no
+atomics on the data).
+
+Launch choices: by default those every GPU run so far measured. With ``OPFORGE_QUANT_TUNED=1``
+(``problem.TUNED``) the round-3 H100 sweep's choices apply instead: the in-kernel split
+reduction for the GEMV kernel, int4 tiles (16, 128, 128) for M 5..16 and (64, 64, 128) for
+M 33..64, and dequant+cuBLAS from M = 256. Each won in a sweep of single launch configs; none is
+measured end to end yet (``benchmarks/gpu_check_quant.py --tuned`` times both settings).
 
 Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``. Codes are
 exact in float32 and in 16-bit floats (the dot path keeps an offset on them, 128 or 1024, folded
@@ -57,11 +64,13 @@ GEMV_MAX_M = 16
 #: sm_90 (ptxas, benchmarks/quant_ptx.py) and the tl.dot kernel with 16 padded rows takes over.
 GEMV_ROWS = 4
 #: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
-#: instead of a second combine kernel, per kernel. H100 sweep (round 3, int4 g128): on for the
-#: GEMV kernel (4096x4096 M=1 18.0 -> 13.1 us, M=4 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2,
-#: M=4 220.1 -> 210.9), bitwise equal to the combine kernel; off for the dot kernel (M=8/16:
-#: -5% at 4096x4096, +1-2% at 28672x8192). Its tile counters are per device and stream
-#: (``_counters``).
+#: instead of a second combine kernel. Default: off for both kernels.
+SPLIT_FIXUP = False
+#: The same choice per kernel under ``problem.TUNED``. H100 sweep (round 3, int4 g128; single
+#: launch configs, not end to end): on for the GEMV kernel (4096x4096 M=1 18.0 -> 13.1 us, M=4
+#: 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2, M=4 220.1 -> 210.9), bitwise equal to the combine
+#: kernel; off for the dot kernel (M=8/16: -5% at 4096x4096, +1-2% at 28672x8192). Its tile
+#: counters are per device and stream (``_counters``).
 SPLIT_FIXUP_GEMV = True
 SPLIT_FIXUP_DOT = False
 
@@ -389,29 +398,32 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
 
     M <= 4 (int8: 2; the GEMV kernel, no dot, BLOCK_M the next power of two): 8 KB of packed
     words per program step, int4 128 features x 128 codes (the g128 group: one scale per row and
-    step), int8 64 x 128. M up to 16: 16 padded rows, tl.dot, BLOCK_K the group (at most 128),
-    int4 128 features, int8 64. M 17..64: 32- or 64-row tiles of 64 features (weight-bound
-    still: many programs from N alone), BLOCK_K = min(group, 64), int4 33..64 rows 128.
-    More rows: 64- or 128-row tiles, 128 features unless N is small, BLOCK_K = min(group, 64).
-    The int4 choices for M 5..16 and 33..64 are the H100 sweep's best (round 3, 4096x4096 and
-    28672x8192, int4 g128; benchmarks/NOTES.md); int8 keeps the earlier tiles (not swept).
+    step), int8 64 x 128. M up to 16: 16 padded rows, tl.dot, 64 features, BLOCK_K the group (at
+    most 128). M 17..64: 32- or 64-row tiles of 64 features (weight-bound still: many programs
+    from N alone), BLOCK_K = min(group, 64). More rows: 64- or 128-row tiles, 128 features unless
+    N is small, BLOCK_K = min(group, 64).
+
+    Under ``problem.TUNED`` (``OPFORGE_QUANT_TUNED=1``) int4 takes the H100 sweep's best (round 3,
+    4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md; not measured end to end): M 5..16
+    128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept).
 
     Example:
         >>> from opforge.ops.quant.problem import LinearProblem
-        >>> tile_config(LinearProblem(torch.bfloat16, 16, 4096, 4096, 4, 128, False, False, "cuda"))
-        (16, 128, 128, True, 4, 3)
+        >>> tile_config(LinearProblem(torch.bfloat16, 1, 4096, 4096, 4, 128, False, False, "cuda"))
+        (1, 128, 128, False, 4, 3)
     """
     g = p.k if p.group >= p.k else p.group
     if p.m <= GEMV_ROWS and _gemv_ok(p):
         block_m = _pow2_ge(p.m)
         # int4 128 features (4 rows per thread; 255 registers, no spills at 4 rows of x), int8 64
         return block_m, 128 if p.bits == 4 else 64, 128, False, 4, 3
+    tuned_int4 = qproblem.TUNED and p.bits == 4
     if p.m <= 16:
-        # int4 128 features: 4096x4096 M=16 31.5 -> 25.6 us, 28672x8192 328.9 -> 240.8 us (H100)
-        return 16, 128 if p.bits == 4 else 64, min(_pow2_le(g), 128), True, 4, 3
+        # tuned, int4 128 features: 4096x4096 M=16 31.5 -> 25.6 us, 28672x8192 328.9 -> 240.8 us (H100 sweep)
+        return 16, 128 if tuned_int4 else 64, min(_pow2_le(g), 128), True, 4, 3
     if p.m <= 64:   # still weight-bound: narrow tiles, so N alone gives many programs
-        # int4 64 rows, BLOCK_K up to 128: M=64 34.1 -> 30.8 us, 233.9 -> 221.3 us (H100)
-        wide_k = p.bits == 4 and p.m > 32
+        # tuned, int4 64 rows, BLOCK_K up to 128: M=64 34.1 -> 30.8 us, 233.9 -> 221.3 us (H100 sweep)
+        wide_k = tuned_int4 and p.m > 32
         return 32 if p.m <= 32 else 64, 64, min(_pow2_le(g), 128 if wide_k else 64), True, 4, 3
     block_m = 64 if p.m < 256 else 128
     block_n = 128 if p.n >= 128 else 64
@@ -468,13 +480,17 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
 
 
 def split_fixup(config: tuple) -> bool:
-    """Whether a ``tile_config`` tuple reduces K splits in the kernel by default (per kernel:
-    ``SPLIT_FIXUP_GEMV`` without dot, ``SPLIT_FIXUP_DOT`` with it).
+    """Whether a ``tile_config`` tuple reduces K splits in the kernel by default: ``SPLIT_FIXUP``,
+    or under ``problem.TUNED`` per kernel (``SPLIT_FIXUP_GEMV`` without dot, ``SPLIT_FIXUP_DOT``
+    with it).
 
     Example:
-        >>> split_fixup((1, 128, 128, False, 4, 3)), split_fixup((16, 128, 128, True, 4, 3))
-        (True, False)
+        >>> gemv, dot = (1, 128, 128, False, 4, 3), (16, 64, 128, True, 4, 3)
+        >>> (split_fixup(gemv), split_fixup(dot)) == ((True, False) if qproblem.TUNED else (False, False))
+        True
     """
+    if not qproblem.TUNED:
+        return SPLIT_FIXUP
     return SPLIT_FIXUP_DOT if config[3] else SPLIT_FIXUP_GEMV
 
 
@@ -567,7 +583,7 @@ def supports_decode(p: LinearProblem):
 
 def supports_dequant_gemm(p: LinearProblem):
     return _dtype_reason(p) or (None if p.large else
-                                f"M={p.m} rows < {qproblem.DEQUANT_GEMM_MIN_M}: the Triton GEMM's (exact codes, no weight pass)")
+                                f"M={p.m} rows < {qproblem.dequant_gemm_min_m()}: the Triton GEMM's (exact codes, no weight pass)")
 
 
 def supports_prefill(p: LinearProblem):
@@ -577,6 +593,6 @@ def supports_prefill(p: LinearProblem):
 VARIANTS = (
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
-     "M >= 256: weight dequantized to x's dtype in one pass, then cuBLAS"),
+     "M >= 1024 (OPFORGE_QUANT_TUNED=1: 256): weight dequantized to x's dtype in one pass, then cuBLAS"),
     ("prefill", supports_prefill, launch, "M > 16: codes fed to tl.dot per group tile, scale/zero per group"),
 )
