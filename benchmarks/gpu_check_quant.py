@@ -428,6 +428,7 @@ def compare_settings(bench: Bench, shapes: list, ms: list, results: dict) -> Non
             formats = [("int4 g128", opforge.quantize_weight(w, 4, 128), ms),
                        ("int8 per-ch", opforge.quantize_weight(w, 8, -1, symmetric=True),
                         [m for m in ms if m in COMPARE_INT8_MS])]
+            exact = {fmt: qw.dequantize(torch.float64) for fmt, qw, _ in formats}   # the oracle's weights
         except Exception as exc:
             results["skipped"].append(f"tuned {n}x{k}: {type(exc).__name__}: {exc}"[:300])
             traceback.print_exc(limit=2)
@@ -452,7 +453,7 @@ def compare_settings(bench: Bench, shapes: list, ms: list, results: dict) -> Non
                     continue
                 row: dict[str, Any] = dict(shape=[n, k], m=m, impl=f"opforge {fmt}")
                 try:
-                    ref = x.double() @ qw.dequantize(torch.float64).T
+                    ref = x.double() @ exact[fmt].T
                     for tuned in order:
                         name = "tuned" if tuned else "default"
                         with quant_setting(tuned):
@@ -486,7 +487,7 @@ def compare_settings(bench: Bench, shapes: list, ms: list, results: dict) -> Non
                 print(f"{n:>6d}x{k:<6d} M={m:<4d} {fmt:12s} default {d['ms'] * 1e3:8.1f} us [{choice_text(d)}]"
                       f"  tuned {t_['ms'] * 1e3:8.1f} us [{choice_text(t_)}]  tuned x{row['tuned_speedup']:.3f}"
                       f"{'  (same choice)' if same else ''}{fail}", flush=True)
-        del w, formats
+        del w, formats, exact
         if dev == "cuda":
             torch.cuda.empty_cache()
 
