@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU test command: every test that exercises the real kernels and their launch paths, on a
-# machine with a CUDA GPU, in two passes (each with its own log):
+# machine with a CUDA GPU, in two passes (each with its own logs):
 #   1. every GPU-relevant test, launch plans off, every fast launch's specialization key checked
 #      (OPFORGE_CHECK_LAUNCH_KEYS=1)
 #   2. the tests that launch kernels (tests/ops, tests/runtime, tests/hardening, tests/models) as
@@ -8,6 +8,10 @@
 # then `opforge verify` (every op, every backend here, vs float64).
 # Emulator-only tests (marker `emulator`: tests/metal, tests/fusion/test_metal_emulated.py) are
 # left out: they run the MSL emulator on the CPU, which a GPU does not change; CI runs them.
+#
+# On a cold Triton cache the time goes to compiling kernels (CPU work), so each pass runs its test
+# files in GPU_TEST_SHARDS pytest processes at once (default 6; files dealt out by size) on the one
+# GPU; the tests that fill GPU memory or count it (out of memory, soak, threads) run alone after.
 # Uses the python3 that has torch with CUDA (no venv: the GPU machine's own torch and triton).
 #   bash scripts/gpu_test.sh            # logs to $OUT (or ./gpu-test-logs)
 set -uo pipefail
@@ -15,20 +19,66 @@ cd "$(dirname "$0")/.."
 LOGS="${OUT:-$PWD/gpu-test-logs}"
 mkdir -p "$LOGS"
 PY="${PYTHON:-python3}"
+SHARDS="${GPU_TEST_SHARDS:-6}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c "import torch, triton, sys; assert torch.cuda.is_available(), 'no CUDA GPU here';
 print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" || exit 2
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE -m "not emulator")
+ALONE=(tests/hardening/test_out_of_memory.py tests/hardening/test_soak_and_threads.py)
+
+# shard_files DIR... : print SHARDS lines, each a space-separated list of test files (largest first,
+# each to the lightest shard), leaving out the emulator-only folders and the ALONE files.
+shard_files() {
+  "$PY" - "$SHARDS" "${ALONE[*]}" "$@" <<'EOF'
+import os, sys
+shards, alone, roots = int(sys.argv[1]), set(sys.argv[2].split()), sys.argv[3:]
+files = []
+for root in roots:
+    for d, _, names in os.walk(root):
+        if d.startswith("tests/metal"):
+            continue
+        files += [os.path.join(d, n) for n in names if n.startswith("test_") and n.endswith(".py")]
+files = sorted((f for f in files if f not in alone and not f.endswith("test_metal_emulated.py")),
+               key=os.path.getsize, reverse=True)
+load, out = [0] * shards, [[] for _ in range(shards)]
+for f in files:
+    i = load.index(min(load))
+    load[i] += os.path.getsize(f)
+    out[i].append(f)
+for files_of_shard in out:
+    print(" ".join(files_of_shard))
+EOF
+}
+
+# run_pass NAME SECONDS DIR... : the sharded run, then the ALONE files; exit status 0 only if all passed.
+run_pass() {
+  local name=$1 seconds=$2; shift 2
+  local i=0 pids=() rc=0
+  while IFS= read -r files; do
+    [ -z "$files" ] && continue
+    # shellcheck disable=SC2086
+    timeout -k 5 "$seconds" "${PYTEST[@]}" $files > "$LOGS/${name}_shard$i.log" 2>&1 &
+    pids+=($!); i=$((i + 1))
+  done < <(shard_files "$@")
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  local alone=()
+  for f in "${ALONE[@]}"; do for d in "$@"; do [[ $f == $d/* ]] && alone+=("$f"); done; done
+  if [ ${#alone[@]} -gt 0 ]; then
+    timeout -k 5 "$seconds" "${PYTEST[@]}" "${alone[@]}" > "$LOGS/${name}_alone.log" 2>&1 || rc=1
+  fi
+  for log in "$LOGS/${name}"_*.log; do echo "  $(basename "$log"): $(tail -n 1 "$log")"; done
+  return $rc
+}
+
 status=0
 start=$SECONDS
-OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 timeout -k 5 240 "${PYTEST[@]}" tests > "$LOGS/pytest_keys.log" 2>&1
+echo "pass 1 (plans off, launch keys checked):"
+OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 240 tests || status=1
+echo "pass 2 (default launch paths):"
+run_pass default 150 tests/ops tests/runtime tests/hardening tests/models || status=1
+timeout -k 5 120 "$PY" -m opforge verify > "$LOGS/verify.log" 2>&1
 rc=$?; [ $rc -ne 0 ] && status=1
-echo "pass 1 (plans off, launch keys checked): exit $rc  $(tail -n 1 "$LOGS/pytest_keys.log")"
-timeout -k 5 150 "${PYTEST[@]}" tests/ops tests/runtime tests/hardening tests/models > "$LOGS/pytest_default.log" 2>&1
-rc=$?; [ $rc -ne 0 ] && status=1
-echo "pass 2 (default launch paths):           exit $rc  $(tail -n 1 "$LOGS/pytest_default.log")"
-timeout -k 5 90 "$PY" -m opforge verify > "$LOGS/verify.log" 2>&1
-rc=$?; [ $rc -ne 0 ] && status=1
-echo "opforge verify:                          exit $rc  $(tail -n 1 "$LOGS/verify.log")"
+echo "opforge verify: exit $rc  $(tail -n 1 "$LOGS/verify.log")"
+grep -h "^FAILED\|^ERROR" "$LOGS"/*.log | sort -u | head -60
 echo "gpu_test.sh: $((SECONDS - start)) s, $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
 exit $status

@@ -145,3 +145,39 @@ def check_case(case: Case, backend: str, tol_scale: float = 1.0, device: Any = D
     assert err <= TOLERANCE[case.dtype] * tol_scale, f"{case.op} {case.label} {case.dtype}: rel err {err:.3e}"
     assert len(t) == 1 and t[0].backend == backend and t[0].op == case.op
     return t[0], args, out
+
+
+def spy_launch_keys(launcher: Any, name: str, seen: dict) -> None:
+    """Make a ``runtime.launch.TritonLauncher`` check instead of launch: every call must pass an
+    explicit key, and each key must stand for one specialization (the generic key Triton's
+    arguments give), recorded in ``seen``. Nothing is compiled or run, so no GPU is needed.
+
+    Example:
+        >>> seen = {}   # spy_launch_keys(triton_kernels._decode_split, "split", seen), then call the op
+    """
+    def call(self, grid, args, num_warps=4, num_stages=2, key=None):
+        assert key is not None, name
+        generic = launcher._key(args, num_warps, num_stages)
+        assert seen.setdefault((name, key), generic) == generic, (name, key)
+    launcher.__class__ = type("Spy", (launcher.__class__,), {"__call__": call})
+
+
+def run_launch_key_probe(probe: Any) -> str:
+    """Run a launch-key probe script in a fresh process without ``TRITON_INTERPRET`` (a
+    specialization key is only computed for compiled launches) and return what it printed;
+    raises AssertionError with its output if it failed.
+
+    Example:
+        >>> callable(run_launch_key_probe)   # run_launch_key_probe(Path("tests/ops/rotary/launch_keys_probe.py"))
+        True
+    """
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout

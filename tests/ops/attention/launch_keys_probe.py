@@ -7,16 +7,13 @@ import torch
 
 from opforge.ops.attention import triton_kernels as tk
 from opforge.ops.attention.problem import prepare_decode
+from opforge.testing import spy_launch_keys
 
 seen: dict = {}
 
 
 def spy(launcher, name):
-    def call(self, grid, args, num_warps=4, num_stages=2, key=None):
-        assert key is not None, name
-        generic = launcher._key(args, num_warps, num_stages)
-        assert seen.setdefault((name, key), generic) == generic, (name, key)
-    launcher.__class__ = type("Spy", (launcher.__class__,), {"__call__": call})
+    spy_launch_keys(launcher, name, seen)
 
 
 spy(tk._decode_split, "split")

@@ -10,16 +10,13 @@ from opforge.ops.delay.problem import prepare as prepare_delay
 from opforge.ops.rotary import cases as rc
 from opforge.ops.rotary import triton_kernels as rtk
 from opforge.ops.rotary.problem import prepare_append, prepare_fused, prepare_rotary
+from opforge.testing import spy_launch_keys
 
 seen: dict = {}
 
 
 def spy(launcher, name):
-    def call(self, grid, args, num_warps=4, num_stages=2, key=None):
-        assert key is not None, name
-        generic = launcher._key(args, num_warps, num_stages)
-        assert seen.setdefault((name, key), generic) == generic, (name, key)
-    launcher.__class__ = type("Spy", (launcher.__class__,), {"__call__": call})
+    spy_launch_keys(launcher, name, seen)
 
 
 spy(rtk._rotary, "rotary")
