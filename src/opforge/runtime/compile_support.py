@@ -179,6 +179,7 @@ def compiled(name: Optional[str], fake: Optional[Callable[..., Any]], mutates: S
         >>> f = torch.compile(lambda x: twice(x) + 1, fullgraph=True, backend="aot_eager")
         >>> torch.equal(f(torch.ones(3)), torch.full((3,), 3.0))
         True
+        >>> del f; torch._dynamo.reset()   # drop the compiled frame while this example's globals exist
         >>> twice(torch.ones(2, requires_grad=True))
         Traceback (most recent call last):
         ...
