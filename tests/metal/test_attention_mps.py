@@ -4,20 +4,12 @@ import pytest
 import torch
 
 from opforge.ops.attention import metal as attn_metal
-from opforge.runtime import metal as metal_runtime, registry
+from opforge.runtime import metal as metal_runtime
 
 from test_attention_metal import TOL, reference, rel_err
+from mps_support import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
 
-MPS = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-pytestmark = pytest.mark.skipif(not MPS, reason="needs an Apple GPU (torch.backends.mps.is_available())")
-
-
-@pytest.fixture(autouse=True)
-def real_metal(monkeypatch):
-    monkeypatch.delenv("OPFORGE_METAL_EMULATE", raising=False)
-    registry.clear_cache()
-    yield
-    registry.clear_cache()
+pytestmark = needs_mps
 
 
 def _dtypes():

@@ -9,20 +9,11 @@ import opforge
 from opforge.runtime import metal as metal_runtime
 from opforge.ops.norm import metal as norm_metal
 from opforge.ops.norm.problem import OPS
-from opforge.runtime import registry
 
 from metal_checks import DTYPES, ROWS, SIZES, VARIANTS, expected_variant, run
+from mps_support import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
 
-MPS = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-pytestmark = pytest.mark.skipif(not MPS, reason="needs an Apple GPU (torch.backends.mps.is_available())")
-
-
-@pytest.fixture(autouse=True)
-def real_metal(monkeypatch):
-    monkeypatch.delenv("OPFORGE_METAL_EMULATE", raising=False)
-    registry.clear_cache()
-    yield
-    registry.clear_cache()
+pytestmark = needs_mps
 
 
 def _bfloat_ok() -> bool:
