@@ -44,7 +44,7 @@ def pytest_configure(config):
                                        "nothing, so scripts/gpu_test.sh leaves these out (-m 'not emulator')")
 
 
-#: Test files that exercise the MSL emulator only (tests/metal, except the real-MPS tests).
+#: Test files that exercise the MSL emulator only (tests/metal, except the real-MPS tests *_mps.py).
 _EMULATOR_ONLY = ("tests/metal/", "tests/fusion/test_metal_emulated.py")
 
 
@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         path = item.nodeid.split("::")[0]
-        if path.startswith(_EMULATOR_ONLY) and not path.endswith("test_mps.py"):
+        if path.startswith(_EMULATOR_ONLY) and not path.endswith("_mps.py"):
             item.add_marker(pytest.mark.emulator)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
