@@ -61,8 +61,8 @@ class DeviceInfo:
             parts.append(f"{self.total_memory_bytes / 2**30:.0f} GiB")
         if self.l2_cache_bytes:
             parts.append(f"L2 {self.l2_cache_bytes / 2**20:.0f} MiB")
-        if self.driver:
-            parts.append(f"driver {self.driver}")
+        if self.driver:  # on a CPU the field holds the core count, which needs no "driver" label
+            parts.append(self.driver if self.kind == "cpu" else f"driver {self.driver}")
         return ", ".join(parts)
 
 
