@@ -15,8 +15,8 @@ The kernels never round a dequantized weight to 16 bits: per group they compute
 ``scale * (sum_k x*code - zero * sum_k x)`` with the integer codes (exact in fp16/bf16) as the
 tensor-core operand, so the result is what the QuantizedWeight represents up to float32
 accumulation (the ``dequant_gemm`` variant, for M >= 1024 rows, rounds the dequantized weight
-to x's dtype and lets cuBLAS multiply). Every call validates its arguments, selects a variant (Triton on CUDA, the torch
-path elsewhere; Metal kernels are not written yet), runs it and, inside ``opforge.trace()``,
+to x's dtype and lets cuBLAS multiply). Every call validates its arguments, selects a variant (Triton on CUDA, Metal
+``qmv``/``qmm`` on MPS (``opforge.ops.quant.metal``, verified by emulation only), the torch path elsewhere), runs it and, inside ``opforge.trace()``,
 records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend.
 
 Launch choices (tiles, K splits, variant thresholds) are by default the ones measured end to end
@@ -47,7 +47,7 @@ def _torch_launch(call: LinearCall) -> torch.Tensor:
 
 def _register() -> None:
     backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
-                ("metal", None)]  # qmv/qmm Metal kernels: not written yet
+                ("metal", dispatch.optional_variants(__name__, "metal"))]
     dispatch.register_family(OPS, backends, _torch_launch,
                              "dequantize, then F.linear in float32 (float64 for float64 x)", _problem_builder)
 

@@ -1,0 +1,159 @@
+"""Metal kernels for ``linear`` with a quantized weight: launch wrappers and the ``metal`` variants.
+
+The kernels are in ``quant.metal`` next to this file:
+
+* ``qmv`` (M <= 16 rows of x, decode): one simdgroup per 4 output features; each lane reads
+  16-byte chunks of packed words along K, unpacks them in registers as ``code - zero``, and
+  accumulates ``scale * sum_k x * (code - zero)`` in float32 for every row of x; ``simd_sum``
+  reduces across the lanes. No K split: every simdgroup walks all of K.
+* ``qmm`` (M > 16, prefill): one threadgroup of 4 simdgroups per (32 rows, 32 features); per K
+  tile of 32 the weight is dequantized to float32 in threadgroup memory and multiplied with
+  ``simdgroup_matrix`` 8x8 tiles, float32 accumulators.
+
+Scales and zeros are read as float32: weights whose scales are float16/bfloat16 (what
+``quantize_weight`` stores) are converted on every call (one pass over N*K/group values).
+On MPS tensors the kernels run through ``torch.mps.compile_shader``; on CPU tensors, with
+``OPFORGE_METAL_EMULATE=1``, through the MSL emulator of the tests (``opforge.runtime.metal``).
+Verified by emulation only: no timing on Apple hardware yet.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ...runtime import alloc
+from ...runtime import metal as metal_runtime
+from ...runtime.errors import kernel_dtype_reason
+from .problem import DECODE_MAX_M, LinearCall, LinearProblem
+
+SOURCE = Path(__file__).with_name("quant.metal")
+TYPE_NAMES = metal_runtime.TYPE_NAMES
+SIMD_WIDTH = metal_runtime.SIMD_WIDTH
+QMV_FEATURES = 4          # kQmvFeatures: output features per simdgroup
+QMV_SIMDGROUPS = 2        # kQmvSimdgroups: simdgroups per qmv threadgroup
+QMV_MAX_M = 16            # kMaxM
+TILE = 32                 # kTile: qmm rows / features / K per tile
+QMM_THREADS = 128         # kQmmThreads
+VECTOR_WORDS = 4          # words per lane chunk of the wide qmv kernels
+
+
+def kernel_name(kind: str, dtype: torch.dtype, bits: int, vector_words: int = 1) -> str:
+    """The MSL function of a kernel kind (``qmv`` or ``qmm``) for x's dtype and the weight's bits;
+    qmv kernels also by words per lane chunk (1 or 4).
+
+    Example:
+        >>> kernel_name("qmv", torch.float16, 4, 4), kernel_name("qmm", torch.bfloat16, 8)
+        ('quant_qmv_half_int4_v4', 'quant_qmm_bfloat_int8')
+    """
+    suffix = f"_v{vector_words}" if kind == "qmv" else ""
+    return f"quant_{kind}_{TYPE_NAMES[dtype]}_int{bits}{suffix}"
+
+
+def qmv_vector_words(bits: int, group: int) -> int:
+    """Words each qmv lane reads at once: 4 (a 16-byte load) when a chunk of 4 words never
+    straddles a group, else 1.
+
+    Example:
+        >>> qmv_vector_words(4, 128), qmv_vector_words(4, 16), qmv_vector_words(8, 16)
+        (4, 1, 4)
+    """
+    return VECTOR_WORDS if group % (VECTOR_WORDS * (32 // bits)) == 0 else 1
+
+
+def _operands(call: LinearCall) -> tuple:
+    x, qw, bias = call.x, call.w, call.bias
+    device, dtype = x.device, x.dtype
+    metal_runtime.check_rows_binding("x", x, dtype, device)
+    if bias is not None:
+        metal_runtime.check_rows_binding("bias", bias, dtype, device)
+    packed = qw.packed
+    if not packed.is_contiguous() or packed.device != device:
+        raise RuntimeError(f"metal launcher: the packed weight must be contiguous on {device}")
+    scales = qw.scales_t.to(torch.float32).contiguous()
+    zeros = scales if qw.zeros_t is None else qw.zeros_t.to(torch.float32).contiguous()
+    p = call.problem
+    words = p.k // (32 // p.bits)
+    shape = [p.m, p.n, p.k, x.stride(0) if p.m > 1 else p.k, p.group, int(qw.zeros_t is None),
+             int(bias is not None), words]
+    return x, packed, scales, zeros, (bias if bias is not None else x), shape
+
+
+def qmv(call: LinearCall) -> torch.Tensor:
+    """Run a ``LinearCall`` with up to 16 rows of x with the qmv kernel; (M, N) output, then
+    viewed as ``call.out_shape``.
+
+    Example (emulated on CPU; needs the test emulator and g++):
+        >>> import os, torch                                               # doctest: +SKIP
+        >>> from opforge.ops.quant.problem import prepare                  # doctest: +SKIP
+        >>> os.environ["OPFORGE_METAL_EMULATE"] = "1"                      # doctest: +SKIP
+        >>> qw = opforge.quantize_weight(torch.randn(40, 256), 4, 64)      # doctest: +SKIP
+        >>> qmv(prepare(torch.randn(2, 256), qw, None)).shape              # doctest: +SKIP
+        torch.Size([2, 40])
+    """
+    p = call.problem
+    if p.m > QMV_MAX_M:
+        raise RuntimeError(f"metal qmv takes at most {QMV_MAX_M} rows of x, got M={p.m}")
+    x, packed, scales, zeros, bias, shape = _operands(call)
+    out = alloc.empty((p.m, p.n), x.dtype, x.device)
+    vw = qmv_vector_words(p.bits, p.group)
+    fn = metal_runtime.kernel(SOURCE, kernel_name("qmv", x.dtype, p.bits, vw), x.device.type)
+    per_group = QMV_FEATURES * QMV_SIMDGROUPS
+    groups = -(-p.n // per_group)
+    fn(x, packed, scales, zeros, bias, out, shape, threads=groups * QMV_SIMDGROUPS * SIMD_WIDTH,
+       group_size=QMV_SIMDGROUPS * SIMD_WIDTH)
+    return out.view(call.out_shape)
+
+
+def qmm(call: LinearCall) -> torch.Tensor:
+    """Run a ``LinearCall`` (any number of rows) with the simdgroup-matrix qmm kernel.
+
+    Example (emulated on CPU; needs the test emulator and g++):
+        >>> import os, torch                                               # doctest: +SKIP
+        >>> from opforge.ops.quant.problem import prepare                  # doctest: +SKIP
+        >>> os.environ["OPFORGE_METAL_EMULATE"] = "1"                      # doctest: +SKIP
+        >>> qw = opforge.quantize_weight(torch.randn(40, 256), 8, 32)      # doctest: +SKIP
+        >>> qmm(prepare(torch.randn(33, 256), qw, None)).shape             # doctest: +SKIP
+        torch.Size([33, 40])
+    """
+    p = call.problem
+    x, packed, scales, zeros, bias, shape = _operands(call)
+    out = alloc.empty((p.m, p.n), x.dtype, x.device)
+    fn = metal_runtime.kernel(SOURCE, kernel_name("qmm", x.dtype, p.bits), x.device.type)
+    groups = -(-p.m // TILE) * -(-p.n // TILE)
+    fn(x, packed, scales, zeros, bias, out, shape, threads=groups * QMM_THREADS, group_size=QMM_THREADS)
+    return out.view(call.out_shape)
+
+
+def _reason(p: LinearProblem) -> Optional[str]:
+    if p.dense:
+        return "w is dense (torch's F.linear runs it)"
+    if p.bits == 8 and p.k % 4:
+        return f"K={p.k}: the Metal int8 kernels read 4 codes per 32-bit word (K a multiple of 4)"
+    return kernel_dtype_reason("metal", p.dtype) or \
+        metal_runtime.bfloat_reason(p.dtype, p.device_type, SOURCE, kernel_name("qmm", torch.bfloat16, 4))
+
+
+def supports_qmv(p: LinearProblem) -> Optional[str]:
+    """None if the qmv kernel takes problem ``p`` (M <= 16), else why not.
+
+    Example:
+        >>> from opforge.ops.quant.problem import LinearProblem
+        >>> supports_qmv(LinearProblem(torch.float16, 1, 64, 256, 4, 128, False, False, "mps")) is None
+        True
+    """
+    return _reason(p) or (None if p.m <= DECODE_MAX_M else f"M={p.m} rows > {DECODE_MAX_M}: qmm's")
+
+
+def supports_qmm(p: LinearProblem) -> Optional[str]:
+    """None if the qmm kernel takes problem ``p`` (any M), else why not."""
+    return _reason(p)
+
+
+VARIANTS = (
+    ("qmv", supports_qmv, qmv,
+     "M <= 16: a simdgroup per 4 features, 16-byte packed loads unpacked in registers, simd_sum"),
+    ("qmm", supports_qmm, qmm,
+     "M > 16: K tiles of 32 dequantized to threadgroup memory, simdgroup 8x8 float32 accumulation"),
+)
