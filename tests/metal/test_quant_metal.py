@@ -1,0 +1,147 @@
+"""Metal quantized-linear kernels (the unchanged src/opforge/ops/quant/quant.metal) in the MSL
+emulator, against ``x.double() @ w.dequantize(float64).T (+ bias)``: qmv (M <= 16) and qmm
+(simdgroup matrices, M > 16), int4 and int8, symmetric or not, groups 16 (from codes) / 32 / 64 /
+128 / -1, bias, strided and 3-D x, float32 / float16 / bfloat16 x and scales."""
+import pytest
+import torch
+
+import opforge
+from opforge.ops.quant import cases
+from opforge.ops.quant import metal as quant_metal
+from opforge.ops.quant.problem import prepare
+from opforge.ops.quant.weight import QuantizedWeight
+from opforge.testing import TOLERANCE, max_rel_error
+
+pytestmark = pytest.mark.usefixtures("emulate")
+
+K = 256
+MS = (1, 3, 16, 17, 33)
+
+
+def weight(n, k, bits, group, symmetric, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return opforge.quantize_weight(torch.randn(n, k, generator=g) * 0.05, bits, group, symmetric)
+
+
+def oracle(x, qw, bias=None):
+    y = x.double().reshape(-1, qw.shape[1]) @ qw.dequantize(torch.float64).T
+    if bias is not None:
+        y = y + bias.double()
+    return y.reshape(*x.shape[:-1], qw.shape[0])
+
+
+def run_public(x, qw, bias=None):
+    """``opforge.linear`` on the metal backend: (output, trace event)."""
+    with opforge.backend("metal"), opforge.trace() as t:
+        out = opforge.linear(x, qw, bias)
+    assert len(t) == 1 and t[0].backend == "metal" and t[0].op == "linear", list(t)
+    return out, t[0]
+
+
+def check(out, ref, dtype, what):
+    err = max_rel_error(out, ref)
+    assert err <= TOLERANCE[dtype], f"{what}: rel err {err:.3e}"
+
+
+@pytest.mark.parametrize("bits", (4, 8))
+@pytest.mark.parametrize("group,symmetric", [(32, False), (64, True), (128, False), (-1, True)])
+def test_public_api_every_m(bits, group, symmetric):
+    n = 40 + 8 * (bits == 8) + (group == 64) * 16   # N 40..64, tails of the 8-feature qmv groups and 32-feature qmm tiles
+    qw = weight(n, K, bits, group, symmetric, seed=bits + group)
+    for i, m in enumerate(MS):
+        dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
+        x = torch.randn(m, K).to(dtype)
+        out, event = run_public(x, qw)
+        assert out.dtype == dtype and out.shape == (m, n)
+        assert event.variant == ("qmv" if m <= 16 else "qmm"), (m, event.variant)
+        check(out, oracle(x, qw), dtype, f"int{bits} g{group} sym={symmetric} M={m} {dtype}")
+
+
+@pytest.mark.parametrize("kind", ("qmv", "qmm"))
+@pytest.mark.parametrize("bits", (4, 8))
+def test_each_kernel_at_small_m(kind, bits):
+    """Both kernels on the M both can take (qmm runs any M), float32 x: tight tolerance."""
+    for group, symmetric in ((32, True), (128, False), (-1, False)):
+        qw = weight(56, K, bits, group, symmetric, seed=7)
+        for m in (1, 3, 16):
+            x = torch.randn(m, K)
+            out = getattr(quant_metal, kind)(prepare(x, qw, None))
+            check(out, oracle(x, qw), torch.float32, f"{kind} int{bits} g{group} M={m}")
+
+
+@pytest.mark.parametrize("bits", (4, 8))
+def test_group_16_and_float32_scales_from_codes(bits):
+    """Group 16 (int4: qmv falls back to one word per lane) and float32 / bfloat16 scales."""
+    g = torch.Generator().manual_seed(3)
+    n = 44
+    codes = torch.randint(0, 2 ** bits, (n, K), generator=g)
+    scales = torch.rand(n, K // 16, generator=g) * 0.01 + 1e-3
+    zeros = torch.randint(0, 2 ** bits, (n, K // 16), generator=g).float() + 0.5
+    for s_dtype in (torch.float32, torch.bfloat16):
+        qw = QuantizedWeight.from_codes(codes, scales.to(s_dtype), zeros.to(s_dtype), bits, 16)
+        for m in (1, 5, 17, 33):
+            x = torch.randn(m, K, dtype=torch.float16)
+            out, event = run_public(x, qw)
+            check(out, oracle(x, qw), torch.float16, f"int{bits} g16 scales {s_dtype} M={m}")
+    assert quant_metal.qmv_vector_words(4, 16) == 1 and quant_metal.qmv_vector_words(8, 16) == 4
+
+
+@pytest.mark.parametrize("m", (3, 40))
+def test_bias_strided_and_3d_x(m):
+    qw = weight(64, K, 4, 64, False, seed=11)
+    bias = torch.randn(64, dtype=torch.bfloat16)
+    x = torch.randn(m, K + 24, dtype=torch.bfloat16)[:, 8:8 + K]
+    assert x.stride(0) == K + 24
+    out, event = run_public(x, qw, bias)
+    assert event.note == "", "strided rows must be read in place"
+    check(out, oracle(x, qw, bias), torch.bfloat16, f"strided +bias M={m}")
+    x3 = torch.randn(2, m, K, dtype=torch.float16)
+    b16 = bias.to(torch.float16)
+    out3, _ = run_public(x3, qw, b16)
+    assert out3.shape == (2, m, 64)
+    check(out3, oracle(x3, qw, b16), torch.float16, f"3-D x +bias M={m}")
+
+
+def test_verify_cases_pass_on_metal():
+    """The family's ``opforge verify`` cases (CPU shapes) on the metal backend."""
+    for case in cases.verify_cases("cpu", quick=True):
+        event, _, _ = opforge.testing.check_case(case, "metal", device="cpu")
+        assert event.variant == ("qmv" if case.shape[0] <= 16 else "qmm")
+
+
+def test_metal_is_chosen_and_explained_under_emulation():
+    """CPU tensors default to the torch path; with the metal backend asked for (what an MPS
+    tensor gets by default), the emulated kernels run and explain names them."""
+    qw = weight(48, K, 4, 128, False)
+    x = torch.randn(2, K, dtype=torch.float16)
+    with opforge.backend("metal"), opforge.trace() as t:
+        out = opforge.linear(x, qw)
+    assert [(e.backend, e.variant) for e in t] == [("metal", "qmv")]
+    check(out, oracle(x, qw), torch.float16, "selection")
+    with opforge.backend("metal"):
+        e = opforge.explain("linear", torch.randn(20, K, dtype=torch.float16), qw)
+        e1 = opforge.explain("linear", x, qw)
+    assert e.chosen.qualified_name == "metal.qmm" and e1.chosen.qualified_name == "metal.qmv"
+    reasons = {v.qualified_name: r for v, r in e.rejected}
+    assert "M=20 rows > 16" in reasons["metal.qmv"]
+
+
+def test_what_the_metal_kernels_refuse():
+    qw = weight(16, 64, 4, 32, False)
+    with opforge.backend("metal"), pytest.raises(opforge.NoKernelError, match="float64 runs on the torch path"):
+        opforge.linear(torch.randn(2, 64, dtype=torch.float64), qw)
+    q8 = QuantizedWeight.from_codes(torch.randint(0, 256, (8, 66)), torch.rand(8, 1), None, 8, -1)
+    with opforge.backend("metal"), pytest.raises(opforge.NoKernelError, match="multiple of 4"):
+        opforge.linear(torch.randn(2, 66), q8)
+    y = opforge.linear(torch.randn(2, 66), q8)   # unforced: the torch path takes it
+    assert y.shape == (2, 8)
+
+
+def test_reverse_schedule_gives_the_same_results():
+    import metal_emu
+    qw = weight(40, K, 8, 32, False, seed=5)
+    x = torch.randn(33, K)
+    with metal_emu.schedule("reverse"):
+        for m in (3, 33):
+            out, _ = run_public(x[:m], qw)
+            check(out, oracle(x[:m], qw), torch.float32, f"reverse schedule M={m}")
