@@ -179,3 +179,75 @@ def test_attention_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
     for kind in kinds:
         with pytest.raises((AssertionError, metal_emu.EmulatorError)):
             _attention_check(kind)
+
+
+# ---------------------------------------------------------------------------
+# quant.metal: a wrong group index, a dropped zero, a missing barrier or a 31-lane reduction must
+# fail the float64 checks of tests/metal/test_quant_metal.py (the unmutated file passes them
+# there and in test_unmutated_quant_passes below).
+
+from opforge.ops.quant import metal as quant_metal  # noqa: E402
+from opforge.ops.quant.problem import prepare as quant_prepare  # noqa: E402
+
+QUANT_MUTANTS = [
+    ("qmv-group-index-halved", "quant_qmv", "const long g = k0 / p.group;", "const long g = k0 / (2 * p.group);",
+     ("qmv",)),
+    ("qmv-zero-dropped", "quant_qmv", "& kMask) - zr", "& kMask)", ("qmv",)),
+    ("qmv-reduction-over-31-lanes", "quant_qmv", "simd_sum(acc[mi][r])", "simd_sum(lane < 31 ? acc[mi][r] : 0.0f)",
+     ("qmv",)),
+    ("qmm-group-index-halved", "quant_qmm", "const long g = kk / p.group;", "const long g = kk / (2 * p.group);",
+     ("qmm",)),
+    ("qmm-zero-dropped", "quant_qmm", "& kMask) - zr) * sc", "& kMask)) * sc", ("qmm",)),
+    ("qmm-barrier-after-staging-removed", "quant_qmm",
+     "threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    for (int kk", "for (int kk", ("qmm",)),
+]
+
+
+def quant_cut_down(source: str) -> str:
+    """quant.metal with only the float32 kernels the checks use, to build quickly."""
+    return source[:source.index("QUANT_KERNELS(float)\n")] + \
+        "QUANT_QMV_KERNEL(float, 4, 4)\nQUANT_QMV_KERNEL(float, 8, 4)\n" \
+        "QUANT_QMM_KERNEL(float, 4)\nQUANT_QMM_KERNEL(float, 8)\n"
+
+
+def _quant_check(kind: str) -> None:
+    """int4 and int8, group 32, with zeros; qmv at M = 3, qmm at M = 33 (both scheduling orders).
+    K = 1056: every qmv lane reads a chunk, lane 0 two."""
+    import metal_emu
+    from opforge import quantize_weight
+    torch.manual_seed(0)
+    m = 3 if kind == "qmv" else 33
+    for bits in (4, 8):
+        qw = quantize_weight(torch.randn(40, 1056) * 0.05, bits, 32)
+        x = torch.randn(m, 1056)
+        ref = x.double() @ qw.dequantize(torch.float64).T
+        for order in ("forward", "reverse"):
+            with metal_emu.schedule(order):
+                out = getattr(quant_metal, kind)(quant_prepare(x, qw, None))
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err <= 2e-5, f"{kind} int{bits} ({order}): rel err {err:.3e}"
+
+
+def _use_quant_source(tmp_path, monkeypatch, source: str) -> None:
+    path = tmp_path / "quant.metal"
+    path.write_text(source)
+    monkeypatch.setattr(quant_metal, "SOURCE", path)
+
+
+def test_unmutated_quant_passes(tmp_path, monkeypatch):
+    _use_quant_source(tmp_path, monkeypatch, quant_cut_down(quant_metal.SOURCE.read_text()))
+    _quant_check("qmv")
+    _quant_check("qmm")
+
+
+@pytest.mark.parametrize("mutant", QUANT_MUTANTS, ids=[m[0] for m in QUANT_MUTANTS])
+def test_quant_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
+    import metal_emu
+    name, function, old, new, kinds = mutant
+    original = quant_cut_down(quant_metal.SOURCE.read_text())
+    source = mutate(original, function, old, new)
+    assert source != original
+    _use_quant_source(tmp_path, monkeypatch, source)
+    for kind in kinds:
+        with pytest.raises((AssertionError, metal_emu.EmulatorError)):
+            _quant_check(kind)

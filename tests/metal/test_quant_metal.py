@@ -102,6 +102,30 @@ def test_bias_strided_and_3d_x(m):
     check(out3, oracle(x3, qw, b16), torch.float16, f"3-D x +bias M={m}")
 
 
+@pytest.mark.parametrize("bits", (4, 8))
+def test_long_k_every_lane_reads(bits):
+    """K = 2080: each qmv lane walks several chunks (int4: 65 chunks of 32 codes, int8: 130 of 16)
+    and qmm 65 K tiles."""
+    qw = weight(40, 2080, bits, 32, bits == 8, seed=13)
+    for m in (1, 16, 17):
+        x = torch.randn(m, 2080)
+        out, event = run_public(x, qw)
+        check(out, oracle(x, qw), torch.float32, f"K=2080 int{bits} M={m}")
+
+
+@pytest.mark.parametrize("bits,k", [(4, 264), (8, 100)])
+def test_k_not_a_multiple_of_the_tiles(bits, k):
+    """One group per row (-1) with K not a multiple of 32: qmv reads one word per lane (a 4-word
+    chunk would cross the end of the row), qmm's last K tile is ragged."""
+    assert quant_metal.qmv_vector_words(bits, k) == 1
+    qw = weight(40, k, bits, -1, False, seed=17)
+    for m in (1, 7, 33):
+        x = torch.randn(m, k, dtype=torch.float16)
+        out, event = run_public(x, qw)
+        assert event.variant == ("qmv" if m <= 16 else "qmm")
+        check(out, oracle(x, qw), torch.float16, f"K={k} int{bits} g-1 M={m}")
+
+
 def test_verify_cases_pass_on_metal():
     """The family's ``opforge verify`` cases (CPU shapes) on the metal backend."""
     for case in cases.verify_cases("cpu", quick=True):
