@@ -169,3 +169,11 @@ def test_reverse_schedule_gives_the_same_results():
         for m in (3, 33):
             out, _ = run_public(x[:m], qw)
             check(out, oracle(x[:m], qw), torch.float32, f"reverse schedule M={m}")
+
+
+def test_kernels_without_bfloat_before_metal_3_1():
+    from metal_emu import _build, _source
+    source = quant_metal.SOURCE.read_text()
+    names = {k.name for k in _source.find_kernels(_build._preprocess(_build.compiler(), source, "quant.metal", 300))}
+    assert "quant_qmv_half_int4_v4" in names and "quant_qmm_float_int8" in names
+    assert not any("bfloat" in n for n in names) and len(names) == 2 * 6
