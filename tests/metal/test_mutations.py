@@ -200,6 +200,9 @@ QUANT_MUTANTS = [
     ("qmm-zero-dropped", "quant_qmm", "& kMask) - zr) * sc", "& kMask)) * sc", ("qmm",)),
     ("qmm-barrier-after-staging-removed", "quant_qmm",
      "threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    for (int kk", "for (int kk", ("qmm",)),
+    ("split-sum-drops-the-last-split", "quant_combine", "sp < p.splits", "sp + 1 < p.splits", ("qmv-split",)),
+    ("split-chunk-range-overlaps", "quant_qmv", "c_begin + p.split_chunks < chunks",
+     "c_begin + p.split_chunks + 32 < chunks", ("qmv-split",)),
 ]
 
 
@@ -207,23 +210,24 @@ def quant_cut_down(source: str) -> str:
     """quant.metal with only the float32 kernels the checks use, to build quickly."""
     return source[:source.index("QUANT_KERNELS(float)\n")] + \
         "QUANT_QMV_KERNEL(float, 4, 4)\nQUANT_QMV_KERNEL(float, 8, 4)\n" \
-        "QUANT_QMM_KERNEL(float, 4)\nQUANT_QMM_KERNEL(float, 8)\n"
+        "QUANT_QMM_KERNEL(float, 4)\nQUANT_QMM_KERNEL(float, 8)\nQUANT_COMBINE_KERNEL(float)\n"
 
 
 def _quant_check(kind: str) -> None:
-    """int4 and int8, group 32, with zeros; qmv at M = 3, qmm at M = 33 (both scheduling orders).
-    K = 1056: every qmv lane reads a chunk, lane 0 two."""
+    """int4 and int8, group 32, with zeros; qmv at M = 3 (``qmv-split``: 3 K splits), qmm at M = 33,
+    both scheduling orders. K = 1056: every qmv lane reads a chunk, lane 0 two."""
     import metal_emu
     from opforge import quantize_weight
     torch.manual_seed(0)
-    m = 3 if kind == "qmv" else 33
+    m = 33 if kind == "qmm" else 3
+    kw = {"n_split": 3} if kind == "qmv-split" else {}
     for bits in (4, 8):
         qw = quantize_weight(torch.randn(40, 1056) * 0.05, bits, 32)
         x = torch.randn(m, 1056)
         ref = x.double() @ qw.dequantize(torch.float64).T
         for order in ("forward", "reverse"):
             with metal_emu.schedule(order):
-                out = getattr(quant_metal, kind)(quant_prepare(x, qw, None))
+                out = getattr(quant_metal, kind[:3])(quant_prepare(x, qw, None), **kw)
             err = ((out.double() - ref).norm() / ref.norm()).item()
             assert err <= 2e-5, f"{kind} int{bits} ({order}): rel err {err:.3e}"
 
@@ -238,6 +242,7 @@ def test_unmutated_quant_passes(tmp_path, monkeypatch):
     _use_quant_source(tmp_path, monkeypatch, quant_cut_down(quant_metal.SOURCE.read_text()))
     _quant_check("qmv")
     _quant_check("qmm")
+    _quant_check("qmv-split")
 
 
 @pytest.mark.parametrize("mutant", QUANT_MUTANTS, ids=[m[0] for m in QUANT_MUTANTS])

@@ -126,6 +126,26 @@ def test_k_not_a_multiple_of_the_tiles(bits, k):
         check(out, oracle(x, qw), torch.float16, f"K={k} int{bits} g-1 M={m}")
 
 
+@pytest.mark.parametrize("bits", (4, 8))
+def test_qmv_k_splits(bits):
+    """K split in 2, 3, 5 parts (the last one shorter), partials added by the combine kernel, + bias;
+    and the default split count on a long K (N=40: few feature groups)."""
+    qw = weight(40, 2080, bits, 32, False, seed=19)
+    bias = torch.randn(40, dtype=torch.float16)
+    for m, n_split in ((1, 2), (5, 3), (16, 5)):
+        x = torch.randn(m, 2080, dtype=torch.float16)
+        out = quant_metal.qmv(prepare(x, qw, bias), n_split=n_split)
+        check(out, oracle(x, qw, bias), torch.float16, f"int{bits} M={m} {n_split} splits")
+    k = 8192
+    qw = weight(40, k, bits, 128, True, seed=23)
+    chunks = k // (4 * 32 // bits)
+    assert quant_metal.qmv_splits(40, chunks) > 1
+    x = torch.randn(2, k)
+    out, event = run_public(x, qw)
+    assert event.variant == "qmv"
+    check(out, oracle(x, qw), torch.float32, f"int{bits} K={k} default splits")
+
+
 def test_verify_cases_pass_on_metal():
     """The family's ``opforge verify`` cases (CPU shapes) on the metal backend."""
     for case in cases.verify_cases("cpu", quick=True):
@@ -176,4 +196,4 @@ def test_kernels_without_bfloat_before_metal_3_1():
     source = quant_metal.SOURCE.read_text()
     names = {k.name for k in _source.find_kernels(_build._preprocess(_build.compiler(), source, "quant.metal", 300))}
     assert "quant_qmv_half_int4_v4" in names and "quant_qmm_float_int8" in names
-    assert not any("bfloat" in n for n in names) and len(names) == 2 * 6
+    assert not any("bfloat" in n for n in names) and len(names) == 2 * 7

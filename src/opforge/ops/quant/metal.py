@@ -5,7 +5,9 @@ The kernels are in ``quant.metal`` next to this file:
 * ``qmv`` (M <= 16 rows of x, decode): one simdgroup per 4 output features; each lane reads
   16-byte chunks of packed words along K, unpacks them in registers as ``code - zero``, and
   accumulates ``scale * sum_k x * (code - zero)`` in float32 for every row of x; ``simd_sum``
-  reduces across the lanes. No K split: every simdgroup walks all of K.
+  reduces across the lanes. When the feature groups alone are fewer than ``QMV_TARGET_GROUPS``
+  threadgroups, K is split (``qmv_splits``): each split writes float32 partials and a combine
+  kernel adds them in split order (deterministic), adds the bias and casts.
 * ``qmm`` (M > 16, prefill): one threadgroup of 4 simdgroups per (32 rows, 32 features); per K
   tile of 32 the weight is dequantized to float32 in threadgroup memory and multiplied with
   ``simdgroup_matrix`` 8x8 tiles, float32 accumulators.
@@ -37,16 +39,22 @@ QMV_MAX_M = 16            # kMaxM
 TILE = 32                 # kTile: qmm rows / features / K per tile
 QMM_THREADS = 128         # kQmmThreads
 VECTOR_WORDS = 4          # words per lane chunk of the wide qmv kernels
+QMV_TARGET_GROUPS = 256   # split K until about this many qmv threadgroups (a large Apple GPU)
+QMV_MAX_SPLITS = 16
+QMV_MIN_SPLIT_CHUNKS = 64  # at least two chunks per lane in every split
+COMBINE_THREADS = 256
 
 
 def kernel_name(kind: str, dtype: torch.dtype, bits: int, vector_words: int = 1) -> str:
-    """The MSL function of a kernel kind (``qmv`` or ``qmm``) for x's dtype and the weight's bits;
-    qmv kernels also by words per lane chunk (1 or 4).
+    """The MSL function of a kernel kind (``qmv``, ``qmm`` or ``combine``: the qmv K-split sum)
+    for x's dtype and the weight's bits; qmv kernels also by words per lane chunk (1 or 4).
 
     Example:
         >>> kernel_name("qmv", torch.float16, 4, 4), kernel_name("qmm", torch.bfloat16, 8)
         ('quant_qmv_half_int4_v4', 'quant_qmm_bfloat_int8')
     """
+    if kind == "combine":
+        return f"quant_combine_{TYPE_NAMES[dtype]}"
     suffix = f"_v{vector_words}" if kind == "qmv" else ""
     return f"quant_{kind}_{TYPE_NAMES[dtype]}_int{bits}{suffix}"
 
@@ -60,6 +68,19 @@ def qmv_vector_words(bits: int, group: int) -> int:
         (4, 1, 4)
     """
     return VECTOR_WORDS if group % (VECTOR_WORDS * (32 // bits)) == 0 else 1
+
+
+def qmv_splits(n: int, chunks: int) -> int:
+    """K splits for qmv at N features and ``chunks`` lane chunks along K: enough threadgroups
+    (``QMV_TARGET_GROUPS``), at most ``QMV_MAX_SPLITS``, each split at least ``QMV_MIN_SPLIT_CHUNKS``.
+
+    Example:
+        >>> qmv_splits(4096, 128), qmv_splits(1024, 128), qmv_splits(64, 16)
+        (1, 2, 1)
+    """
+    groups = -(-n // (QMV_FEATURES * QMV_SIMDGROUPS))
+    want = -(-QMV_TARGET_GROUPS // groups)
+    return max(1, min(want, QMV_MAX_SPLITS, chunks // QMV_MIN_SPLIT_CHUNKS))
 
 
 def _operands(call: LinearCall) -> tuple:
@@ -80,9 +101,9 @@ def _operands(call: LinearCall) -> tuple:
     return x, packed, scales, zeros, (bias if bias is not None else x), shape
 
 
-def qmv(call: LinearCall) -> torch.Tensor:
+def qmv(call: LinearCall, n_split: Optional[int] = None) -> torch.Tensor:
     """Run a ``LinearCall`` with up to 16 rows of x with the qmv kernel; (M, N) output, then
-    viewed as ``call.out_shape``.
+    viewed as ``call.out_shape``. ``n_split`` fixes the number of K splits (default ``qmv_splits``).
 
     Example (emulated on CPU; needs the test emulator and g++):
         >>> import os, torch                                               # doctest: +SKIP
@@ -98,11 +119,20 @@ def qmv(call: LinearCall) -> torch.Tensor:
     x, packed, scales, zeros, bias, shape = _operands(call)
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
     vw = qmv_vector_words(p.bits, p.group)
+    chunks = p.k // (vw * (32 // p.bits))
+    splits = max(1, min(n_split or qmv_splits(p.n, chunks), chunks))
+    per_split = -(-chunks // splits)
+    splits = -(-chunks // per_split)          # no empty split
+    shape += [splits, per_split]
     fn = metal_runtime.kernel(SOURCE, kernel_name("qmv", x.dtype, p.bits, vw), x.device.type)
-    per_group = QMV_FEATURES * QMV_SIMDGROUPS
-    groups = -(-p.n // per_group)
-    fn(x, packed, scales, zeros, bias, out, shape, threads=groups * QMV_SIMDGROUPS * SIMD_WIDTH,
+    groups = -(-p.n // (QMV_FEATURES * QMV_SIMDGROUPS)) * splits
+    part = torch.empty(splits * p.m * p.n if splits > 1 else 1, dtype=torch.float32, device=x.device)
+    fn(x, packed, scales, zeros, bias, out, shape, part, threads=groups * QMV_SIMDGROUPS * SIMD_WIDTH,
        group_size=QMV_SIMDGROUPS * SIMD_WIDTH)
+    if splits > 1:
+        combine = metal_runtime.kernel(SOURCE, kernel_name("combine", x.dtype, p.bits), x.device.type)
+        combine(part, bias, out, shape, threads=-(-p.m * p.n // COMBINE_THREADS) * COMBINE_THREADS,
+                group_size=COMBINE_THREADS)
     return out.view(call.out_shape)
 
 
@@ -120,6 +150,7 @@ def qmm(call: LinearCall) -> torch.Tensor:
     p = call.problem
     x, packed, scales, zeros, bias, shape = _operands(call)
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
+    shape += [1, 0]
     fn = metal_runtime.kernel(SOURCE, kernel_name("qmm", x.dtype, p.bits), x.device.type)
     groups = -(-p.m // TILE) * -(-p.n // TILE)
     fn(x, packed, scales, zeros, bias, out, shape, threads=groups * QMM_THREADS, group_size=QMM_THREADS)
@@ -153,7 +184,7 @@ def supports_qmm(p: LinearProblem) -> Optional[str]:
 
 VARIANTS = (
     ("qmv", supports_qmv, qmv,
-     "M <= 16: a simdgroup per 4 features, 16-byte packed loads unpacked in registers, simd_sum"),
+     "M <= 16: a simdgroup per 4 features, 16-byte packed loads unpacked in registers, simd_sum, split K"),
     ("qmm", supports_qmm, qmm,
      "M > 16: K tiles of 32 dequantized to threadgroup memory, simdgroup 8x8 float32 accumulation"),
 )

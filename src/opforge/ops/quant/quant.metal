@@ -19,7 +19,10 @@
 //       consecutive words of each feature's row (one 16-byte load for V = 4), unpacks the codes
 //       in registers as (code - zero), and accumulates scale * sum_k x[m, k] (code - zero) in
 //       float32 for all M rows; simd_sum reduces across the lanes.  V = 4 needs the group to be
-//       a multiple of a chunk (32 int4 / 16 int8 codes), else V = 1.
+//       a multiple of a chunk (32 int4 / 16 int8 codes), else V = 1.  With S > 1 K splits
+//       (threadgroup index = split * feature groups + feature group) each split covers
+//       split_chunks chunks and writes float32 partials part[(split * M + m) * N + n] ...
+//   quant_combine_T      - ... which one thread per output element adds in split order, + bias.
 //   quant_qmm_T_intB     - prefill (any M; used for M > 16): one threadgroup of 4 simdgroups per
 //       (32 rows of x, 32 features).  Per K tile of 32 the threadgroup stages x (as float) and
 //       the dequantized weight tile (float32, zero past K / N) in threadgroup memory; each
@@ -38,10 +41,11 @@ constant constexpr int kQmmThreads = 128;   // qmm: 4 simdgroups
 
 struct QuantShape {
   long m, n, k, sxm, group, symmetric, has_bias, row_words;
+  long splits, split_chunks;  // qmv: K splits, and chunks of K per split
 };
 
 inline QuantShape read_shape(constant long* s) {
-  const QuantShape p = {s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]};
+  const QuantShape p = {s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9]};
   return p;
 }
 
@@ -50,13 +54,15 @@ inline QuantShape read_shape(constant long* s) {
 
 template <typename T, int BITS, int VW>
 inline void quant_qmv(device const T* x, device const uint* w, device const float* s, device const float* z,
-                      device const T* bias, device T* out, thread const QuantShape& p, uint tg, uint sg,
-                      uint lane) {
+                      device const T* bias, device T* out, device float* part, thread const QuantShape& p,
+                      uint tg, uint sg, uint lane) {
   constexpr int kPerWord = 32 / BITS;
   constexpr int kChunk = VW * kPerWord;
   constexpr uint kMask = (1u << BITS) - 1u;
   const float sym_zero = float(1 << (BITS - 1));
-  const long n0 = (long(tg) * kQmvSimdgroups + long(sg)) * kQmvFeatures;
+  const long n_groups = (p.n + kQmvSimdgroups * kQmvFeatures - 1) / (kQmvSimdgroups * kQmvFeatures);
+  const long split = long(tg) / n_groups;
+  const long n0 = (long(tg) % n_groups * kQmvSimdgroups + long(sg)) * kQmvFeatures;
 
   float acc[kMaxM][kQmvFeatures];
   for (int mi = 0; mi < kMaxM; ++mi) {
@@ -65,8 +71,10 @@ inline void quant_qmv(device const T* x, device const uint* w, device const floa
     }
   }
 
+  const long c_begin = split * p.split_chunks;
   const long chunks = p.k / kChunk;
-  for (long c = lane; c < chunks; c += 32) {
+  const long c_end = c_begin + p.split_chunks < chunks ? c_begin + p.split_chunks : chunks;  // no long min()
+  for (long c = c_begin + lane; c < c_end; c += 32) {
     const long k0 = c * kChunk;
     const long g = k0 / p.group;
     for (int r = 0; r < kQmvFeatures; ++r) {
@@ -114,11 +122,30 @@ inline void quant_qmv(device const T* x, device const uint* w, device const floa
         const float v = simd_sum(acc[mi][r]);
         const long nr = n0 + r;
         if (lane == uint(r) && nr < p.n) {
-          out[mi * p.n + nr] = T(v + (p.has_bias ? float(bias[nr]) : 0.0f));
+          if (p.splits == 1) {
+            out[mi * p.n + nr] = T(v + (p.has_bias ? float(bias[nr]) : 0.0f));
+          } else {
+            part[(split * p.m + mi) * p.n + nr] = v;
+          }
         }
       }
     }
   }
+}
+
+// The K splits of qmv: out[m, n] = sum of the partials in split order (+ bias), one thread each.
+template <typename T>
+inline void quant_combine(device const float* part, device const T* bias, device T* out,
+                          thread const QuantShape& p, uint gid) {
+  const long i = long(gid);
+  if (i >= p.m * p.n) {
+    return;
+  }
+  float v = 0.0f;
+  for (long sp = 0; sp < p.splits; ++sp) {
+    v += part[sp * p.m * p.n + i];
+  }
+  out[i] = T(v + (p.has_bias ? float(bias[i % p.n]) : 0.0f));
 }
 
 // ---------------------------------------------------------------------------
@@ -208,10 +235,19 @@ inline void quant_qmm(device const T* x, device const uint* w, device const floa
       device const T *x [[buffer(0)]], device const uint *w [[buffer(1)]],                             \
       device const float *s [[buffer(2)]], device const float *z [[buffer(3)]],                        \
       device const T *bias [[buffer(4)]], device T *out [[buffer(5)]], constant long *shape [[buffer(6)]], \
-      uint tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],            \
-      uint lane [[thread_index_in_simdgroup]]) {                                                       \
+      device float *part [[buffer(7)]], uint tg [[threadgroup_position_in_grid]],                      \
+      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {           \
     const QuantShape p = read_shape(shape);                                                            \
-    quant_qmv<T, BITS, VW>(x, w, s, z, bias, out, p, tg, sg, lane);                                    \
+    quant_qmv<T, BITS, VW>(x, w, s, z, bias, out, part, p, tg, sg, lane);                              \
+  }
+
+#define QUANT_COMBINE_KERNEL(T)                                                                        \
+  [[kernel]] void quant_combine_##T(                                                                   \
+      device const float *part [[buffer(0)]], device const T *bias [[buffer(1)]],                      \
+      device T *out [[buffer(2)]], constant long *shape [[buffer(3)]],                                 \
+      uint gid [[thread_position_in_grid]]) {                                                          \
+    const QuantShape p = read_shape(shape);                                                            \
+    quant_combine<T>(part, bias, out, p, gid);                                                         \
   }
 
 #define QUANT_QMM_KERNEL(T, BITS)                                                                      \
@@ -234,7 +270,8 @@ inline void quant_qmm(device const T* x, device const uint* w, device const floa
   QUANT_QMV_KERNEL(T, 8, 1)   \
   QUANT_QMV_KERNEL(T, 8, 4)   \
   QUANT_QMM_KERNEL(T, 4)      \
-  QUANT_QMM_KERNEL(T, 8)
+  QUANT_QMM_KERNEL(T, 8)      \
+  QUANT_COMBINE_KERNEL(T)
 
 QUANT_KERNELS(float)
 QUANT_KERNELS(half)
