@@ -3,6 +3,7 @@ emulator, against ``x.double() @ w.dequantize(float64).T (+ bias)``: qmv (M <= 1
 (simdgroup matrices, M > 16), int4 and int8, symmetric or not, groups 16 (from codes) / 32 / 64 /
 128 / -1, bias, strided and 3-D x, float32 / float16 / bfloat16 x and scales."""
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 import opforge
@@ -146,6 +147,21 @@ def test_qmv_k_splits(bits):
     check(out, oracle(x, qw), torch.float32, f"int{bits} K={k} default splits")
 
 
+def test_packed_view_not_16_byte_aligned_reads_one_word_per_lane(monkeypatch):
+    qw = weight(40, K, 4, 128, False, seed=29)
+    buf = torch.empty(qw.packed.numel() + 1, dtype=torch.int32)
+    buf[1:] = qw.packed.flatten()
+    shifted = QuantizedWeight(buf[1:].view_as(qw.packed), qw.scales_t, qw.zeros_t, 4, 128, qw.shape)
+    names = []
+    kernel = quant_metal.metal_runtime.kernel
+    monkeypatch.setattr(quant_metal.metal_runtime, "kernel", lambda path, name, dev: names.append(name) or
+                        kernel(path, name, dev))
+    x = torch.randn(3, K)
+    out, _ = run_public(x, shifted)
+    assert names == ["quant_qmv_float_int4_v1"]
+    check(out, oracle(x, qw), torch.float32, "packed view at a 4-byte offset")
+
+
 def test_verify_cases_pass_on_metal():
     """The family's ``opforge verify`` cases (CPU shapes) on the metal backend."""
     for case in cases.verify_cases("cpu", quick=True):
@@ -197,3 +213,17 @@ def test_kernels_without_bfloat_before_metal_3_1():
     names = {k.name for k in _source.find_kernels(_build._preprocess(_build.compiler(), source, "quant.metal", 300))}
     assert "quant_qmv_half_int4_v4" in names and "quant_qmm_float_int8" in names
     assert not any("bfloat" in n for n in names) and len(names) == 2 * 7
+
+
+@settings(max_examples=30, deadline=None)
+@given(bits=st.sampled_from((4, 8)), group=st.sampled_from((32, 64, 128, -1)), groups=st.integers(1, 5),
+       n=st.integers(1, 70), m=st.integers(1, 40), dtype=st.sampled_from((torch.float32, torch.float16, torch.bfloat16)),
+       symmetric=st.booleans(), has_bias=st.booleans(), pad=st.sampled_from((0, 8, 40)))
+def test_random_shapes(bits, group, groups, n, m, dtype, symmetric, has_bias, pad):
+    k = (group if group > 0 else 8 * 9) * groups   # group -1: K = 72 * groups (not a multiple of 32)
+    qw = weight(n, k, bits, group, symmetric, seed=n + m)
+    x = torch.randn(m, k + pad).to(dtype)[:, pad // 2:pad // 2 + k]
+    bias = torch.randn(n).to(dtype) if has_bias else None
+    out, event = run_public(x, qw, bias)
+    assert event.variant == ("qmv" if m <= 16 else "qmm") and event.note == ""
+    check(out, oracle(x, qw, bias), dtype, f"int{bits} g{group} N={n} K={k} M={m} {dtype}")

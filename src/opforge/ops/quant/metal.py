@@ -119,6 +119,8 @@ def qmv(call: LinearCall, n_split: Optional[int] = None) -> torch.Tensor:
     x, packed, scales, zeros, bias, shape = _operands(call)
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
     vw = qmv_vector_words(p.bits, p.group)
+    if packed.storage_offset() * packed.element_size() % 16:   # a view: its rows are not 16-byte aligned
+        vw = 1
     chunks = p.k // (vw * (32 // p.bits))
     splits = max(1, min(n_split or qmv_splits(p.n, chunks), chunks))
     per_split = -(-chunks // splits)
