@@ -78,6 +78,8 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
         (..., N) in x's dtype; accumulation in float32. Triton variants: ``decode`` (M <= 16 rows),
         ``prefill`` (more rows) and ``dequant_gemm`` (M >= 1024, or 256 with
         ``OPFORGE_QUANT_TUNED=1``: the weight dequantized to x's dtype, then cuBLAS), see ``opforge.ops.quant.triton_kernels``.
+        Metal variants (MPS tensors, also float32 x): ``qmv`` (M <= 16) and ``qmm``, see
+        ``opforge.ops.quant.metal``.
 
     Example:
         >>> import torch, opforge
