@@ -59,6 +59,21 @@ class QuantLinear(torch.nn.Module):
             bias = bias.to(x.dtype)
         return linear(x, self.weight, bias)
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # The scale buffers hold raw bits: a copy from bits of another width would convert the integers
+        # and silently give another weight, so refuse it (torch's load_state_dict raises with this message).
+        for name in ("scales_t", "zeros_t"):
+            mine, theirs = getattr(self, name), state_dict.get(prefix + name)
+            if mine is not None and isinstance(theirs, torch.Tensor) and theirs.dtype != mine.dtype:
+                error_msgs.append(
+                    f"{prefix}{name}: this QuantLinear keeps {self.scale_dtype} scales as {mine.dtype} bits, the state "
+                    f"dict holds {theirs.dtype}; a copy would change the weight. Build the module from a "
+                    f"QuantizedWeight of the saved scale dtype instead (QuantLinear(QuantizedWeight(...)))")
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
                 f"group_size={self.group_size}, bias={self.bias is not None}")

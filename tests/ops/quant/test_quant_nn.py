@@ -86,3 +86,18 @@ def test_module_dtype_casts_leave_the_quantized_weight_alone():
     x = torch.randn(2, 128, dtype=torch.bfloat16)
     ref = x.double() @ before.double().T + model[0].bias.double()
     assert rel_error(model(x), ref) < TOLERANCE[torch.bfloat16]
+
+
+def test_loading_scales_of_another_width_is_refused_not_converted():
+    lin = torch.nn.Linear(256, 32)
+    q16 = opforge.nn.QuantLinear.from_linear(lin, bits=4, group_size=128)        # float16 scales (int16 bits)
+    q32 = opforge.nn.QuantLinear.from_linear(lin, bits=4, group_size=128)
+    q32.scales_t = q32.scales_t.view(torch.float16).float().view(torch.int32)      # float32 scales, same values
+    q32.zeros_t = q32.zeros_t.view(torch.float16).float().view(torch.int32)
+    q32.scale_dtype = torch.float32
+    before = q32.scales_t.clone()
+    with pytest.raises(RuntimeError, match="a copy would change the weight"):
+        q32.load_state_dict(q16.state_dict())
+    assert torch.equal(q32.scales_t, before)
+    x = torch.randn(2, 256)
+    torch.testing.assert_close(q32(x), q16(x), rtol=1e-3, atol=1e-3)               # both still the same weight
