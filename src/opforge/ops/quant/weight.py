@@ -140,7 +140,7 @@ class QuantizedWeight:
         _check_k(k, bits)
         group = check_group_size(group_size, k)
         if codes.numel():
-            lo, hi = int(codes.min()), int(codes.max())
+            lo, hi = torch.stack(torch.aminmax(codes)).tolist()   # one pass, one device sync
             if lo < 0 or hi >= 2 ** bits:
                 raise ValueError(f"codes must lie in [0, {2 ** bits}) for bits={bits}, got values in [{lo}, {hi}]")
         groups = k // group
