@@ -138,12 +138,20 @@ class QuantizedWeight:
             raise TypeError(f"codes must be an integer tensor, got {codes.dtype}")
         n, k = codes.shape
         _check_k(k, bits)
-        group = check_group_size(group_size, k)
+        check_group_size(group_size, k)
         if codes.numel():
             lo, hi = torch.stack(torch.aminmax(codes)).tolist()   # one pass, one device sync
             if lo < 0 or hi >= 2 ** bits:
                 raise ValueError(f"codes must lie in [0, {2 ** bits}) for bits={bits}, got values in [{lo}, {hi}]")
-        groups = k // group
+        return cls._from_codes_in_range(codes, scales, zeros, bits, group_size)
+
+    @classmethod
+    def _from_codes_in_range(cls, codes: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                             bits: int, group_size: int) -> "QuantizedWeight":
+        """``from_codes`` after its checks of bits, K, group and the codes' range (which
+        ``quantize_weight`` needs not repeat: its codes are clamped); checks scales and zeros."""
+        n, k = codes.shape
+        groups = k // (k if group_size == -1 else group_size)
         scales = _check_group_tensor("scales", scales, (n, groups), codes.device)
         if zeros is not None:
             zeros = _check_group_tensor("zeros", zeros, (n, groups), codes.device)
@@ -335,4 +343,5 @@ def quantize_weight(w: torch.Tensor, bits: int = 4, group_size: int = 128, symme
         zero = torch.round(-lo / scale).clamp(0, qmax)
     codes = torch.round(wf / scale.unsqueeze(-1)) + zero.unsqueeze(-1)
     codes = codes.clamp(0, qmax).to(torch.int32).view(n, k)
-    return QuantizedWeight.from_codes(codes, scale.to(store), None if symmetric else zero.to(store), bits, group_size)
+    return QuantizedWeight._from_codes_in_range(codes, scale.to(store), None if symmetric else zero.to(store),
+                                                bits, group_size)
