@@ -128,7 +128,7 @@ def qmv(call: LinearCall, n_split: Optional[int] = None) -> torch.Tensor:
     shape += [splits, per_split]
     fn = metal_runtime.kernel(SOURCE, kernel_name("qmv", x.dtype, p.bits, vw), x.device.type)
     groups = -(-p.n // (QMV_FEATURES * QMV_SIMDGROUPS)) * splits
-    part = torch.empty(splits * p.m * p.n if splits > 1 else 1, dtype=torch.float32, device=x.device)
+    part = alloc.empty((splits * p.m * p.n if splits > 1 else 1,), torch.float32, x.device)
     fn(x, packed, scales, zeros, bias, out, shape, part, threads=groups * QMV_SIMDGROUPS * SIMD_WIDTH,
        group_size=QMV_SIMDGROUPS * SIMD_WIDTH)
     if splits > 1:
