@@ -106,7 +106,7 @@ def qmv(call: LinearCall, n_split: Optional[int] = None) -> torch.Tensor:
     viewed as ``call.out_shape``. ``n_split`` fixes the number of K splits (default ``qmv_splits``).
 
     Example (emulated on CPU; needs the test emulator and g++):
-        >>> import os, torch                                               # doctest: +SKIP
+        >>> import os, torch, opforge                                      # doctest: +SKIP
         >>> from opforge.ops.quant.problem import prepare                  # doctest: +SKIP
         >>> os.environ["OPFORGE_METAL_EMULATE"] = "1"                      # doctest: +SKIP
         >>> qw = opforge.quantize_weight(torch.randn(40, 256), 4, 64)      # doctest: +SKIP
@@ -139,16 +139,8 @@ def qmv(call: LinearCall, n_split: Optional[int] = None) -> torch.Tensor:
 
 
 def qmm(call: LinearCall) -> torch.Tensor:
-    """Run a ``LinearCall`` (any number of rows) with the simdgroup-matrix qmm kernel.
-
-    Example (emulated on CPU; needs the test emulator and g++):
-        >>> import os, torch                                               # doctest: +SKIP
-        >>> from opforge.ops.quant.problem import prepare                  # doctest: +SKIP
-        >>> os.environ["OPFORGE_METAL_EMULATE"] = "1"                      # doctest: +SKIP
-        >>> qw = opforge.quantize_weight(torch.randn(40, 256), 8, 32)      # doctest: +SKIP
-        >>> qmm(prepare(torch.randn(33, 256), qw, None)).shape             # doctest: +SKIP
-        torch.Size([33, 40])
-    """
+    """Run a ``LinearCall`` (any number of rows) with the simdgroup-matrix qmm kernel; called
+    as ``qmv`` (see its example), e.g. ``qmm(prepare(torch.randn(33, 256), qw, None))``."""
     p = call.problem
     x, packed, scales, zeros, bias, shape = _operands(call)
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
