@@ -73,6 +73,14 @@ class Bench:
     def left(self) -> float:
         return self.budget - elapsed()
 
+    def spent(self, label: str, results: dict) -> bool:
+        """True (having said so and recorded ``label`` as skipped) when under 6 s are left."""
+        if self.left() >= 6:
+            return False
+        print(f"-- budget spent: skipping {label} and later", flush=True)
+        results["skipped"].append(label)
+        return True
+
     def ms(self, fn: Callable[[], Any]) -> float:
         if self.device == "cuda":
             from triton.testing import do_bench
@@ -220,9 +228,7 @@ def time_shape(bench: Bench, n: int, k: int, ms: list, copy_gbs: float, results:
             notes["int8pack"] = f"unavailable: {type(exc).__name__}: {exc}"[:300]
     results["peer_notes"].update({f"{n}x{k} {key}": v for key, v in notes.items()})
     for m in ms:
-        if bench.left() < 6:
-            print(f"-- budget spent: skipping {n}x{k} M={m} and later", flush=True)
-            results["skipped"].append(f"{n}x{k} M={m}")
+        if bench.spent(f"{n}x{k} M={m}", results):
             continue
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         io_bytes = x.numel() * 2 + m * n * 2
@@ -435,9 +441,7 @@ def compare_settings(bench: Bench, shapes: list, ms: list, results: dict) -> Non
             continue
         order = (False, True) if i % 2 == 0 else (True, False)
         for m in ms:
-            if bench.left() < 6:
-                print(f"-- budget spent: skipping {n}x{k} M={m} and later", flush=True)
-                results["skipped"].append(f"tuned {n}x{k} M={m}")
+            if bench.spent(f"tuned {n}x{k} M={m}", results):
                 continue
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             io_bytes = x.numel() * 2 + m * n * 2
