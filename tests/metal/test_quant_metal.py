@@ -25,10 +25,7 @@ def weight(n, k, bits, group, symmetric, seed=0):
 
 
 def oracle(x, qw, bias=None):
-    y = x.double().reshape(-1, qw.shape[1]) @ qw.dequantize(torch.float64).T
-    if bias is not None:
-        y = y + bias.double()
-    return y.reshape(*x.shape[:-1], qw.shape[0])
+    return cases.oracle((x, qw, bias), {})
 
 
 def run_public(x, qw, bias=None):

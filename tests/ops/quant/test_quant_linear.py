@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from opforge.ops.quant import triton_kernels as tk
+from opforge.ops.quant import cases, triton_kernels as tk
 from opforge.ops.quant.problem import DECODE_MAX_M
 from opforge.testing import DEVICE, TOLERANCE, rel_error
 
@@ -13,8 +13,7 @@ N, K = 64, 256
 
 
 def oracle(x, qw, bias=None):
-    y = x.double() @ qw.dequantize(torch.float64).T
-    return y if bias is None else y + bias.double()
+    return cases.oracle((x, qw, bias), {})
 
 
 def run_triton(x, qw, bias=None):
@@ -151,7 +150,6 @@ def test_tile_configs_cover_both_paths():
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_verify_cases(backend):
     """The cases ``opforge verify`` runs pass on both backends (quick set)."""
-    from opforge.ops.quant import cases
     from opforge.testing import check_case
     from opforge.ops.quant.problem import dequant_gemm_min_m
     chosen = cases.verify_cases("cuda" if DEVICE == "cuda" else "cpu", quick=True)
