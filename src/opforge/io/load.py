@@ -273,11 +273,7 @@ class _Todo:
 def _rebuild_saved(key: str, parts: Dict[str, torch.Tensor], fields: Dict[str, Any], file: str) -> Any:
     from ..ops.quant import QuantizedWeight
 
-    d: Dict[str, Any] = dict(fields)
-    for name, v in d.items():
-        if isinstance(v, dict) and set(v) == {"dtype"}:
-            d[name] = getattr(torch, v["dtype"])
-    d.update(parts)
+    d: Dict[str, Any] = {**fields, **parts}
     try:
         return QuantizedWeight.from_state_dict(d)
     except (ValueError, TypeError, KeyError) as err:

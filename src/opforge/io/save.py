@@ -31,14 +31,6 @@ def _quantized_type():
     return QuantizedWeight
 
 
-def _json_value(v: Any) -> Any:
-    if isinstance(v, torch.dtype):
-        return {"dtype": str(v).replace("torch.", "")}
-    if isinstance(v, (tuple, list)):
-        return [_json_value(x) for x in v]
-    return v
-
-
 def _flatten(state: Mapping[str, Any]) -> Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Dict[str, Any]]]:
     qtype = _quantized_type()
     flat: List[Tuple[str, torch.Tensor]] = []
@@ -54,7 +46,7 @@ def _flatten(state: Mapping[str, Any]) -> Tuple[List[Tuple[str, torch.Tensor]], 
                 if isinstance(v, torch.Tensor):
                     flat.append((f"{key}{QUANT_SEP}{field}", v))
                 else:
-                    fields[field] = _json_value(v)
+                    fields[field] = v   # ints (bits, group_size, out_features, in_features)
             quantized[key] = fields
         elif isinstance(value, torch.Tensor):
             flat.append((key, value))
