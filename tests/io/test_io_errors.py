@@ -11,11 +11,6 @@ from safetensors.torch import save_file
 import opforge
 
 
-def _write_raw(path, header: dict, data: bytes) -> None:
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
-
-
 def test_error_type_is_exported_and_a_value_error():
     assert issubclass(opforge.SafetensorsError, ValueError)
     assert opforge.SafetensorsError is opforge.io.SafetensorsError
