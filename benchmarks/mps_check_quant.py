@@ -58,6 +58,7 @@ def main() -> int:
     args = ap.parse_args()
     import opforge
     from opforge.runtime import alloc
+    from opforge.testing import rel_error
 
     if args.cpu_smoke:
         sys.path.insert(0, str(ROOT / "tests"))
@@ -87,7 +88,7 @@ def main() -> int:
                     ref = x.cpu().double() @ w64.T
                     with opforge.backend("metal"), opforge.trace() as t, alloc.poisoned_outputs():
                         y = opforge.linear(x, qw)
-                    err = ((y.cpu().double() - ref).norm() / ref.norm()).item()
+                    err = rel_error(y, ref)
                     ok = err <= 2e-3 and len(t) == 1 and t[0].backend == "metal"
                     entry = {"case": label, "variant": t[0].variant if len(t) else "?", "rel_err": err, "pass": ok}
                     print(f"{'PASS' if ok else 'FAIL'}  {label:28s} {entry['variant']:4s} rel err {err:.2e}")
@@ -97,9 +98,8 @@ def main() -> int:
                             us = median_us(lambda: opforge.linear(x, qw), device)
                         us_torch = median_us(lambda: F.linear(x, qw.dequantize(dtype)), device)
                         us_dense = median_us(lambda: F.linear(x, w16), device)
-                        weight_bytes = qw.nbytes
                         entry.update(us=us, us_torch_dequant=us_torch, us_dense_fp16=us_dense,
-                                     pct_copy=100 * weight_bytes / us / 1e3 / gbps)
+                                     pct_copy=100 * qw.nbytes / us / 1e3 / gbps)
                         rows.append((label, entry["variant"], f"{us:.1f}", f"{us_torch:.1f}",
                                      f"{us_torch / us:.2f}x", f"{us_dense:.1f}", f"{entry['pct_copy']:.0f}%"))
                 except Exception as exc:  # report and continue
