@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import tempfile
+from typing import Optional
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -39,11 +40,9 @@ def compile_kernel(bits: int, group: int, x: str, config: tuple, partial: bool =
     sig = {"x_ptr": "*" + x, "w_ptr": "*i32" if bits == 4 else "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16",
            "b_ptr": "*fp16", "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig.update({a: "i32" for a in ints})
-    sig.update({k: "constexpr" for k in consts})
     aligned = [a for a in ALIGNED + ("k_words",) if a in kernel.arg_names]
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    return triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return _compile(kernel, sig, consts, warps, stages, attrs)
 
 
 def report(compiled) -> str:
@@ -63,9 +62,9 @@ def report(compiled) -> str:
             f"shared {compiled.metadata.shared} B, {v4} v4 loads, {cp_async} 16-B cp.async, {cvt} int->float cvt")
 
 
-def _compile(kernel, sig: dict, consts: dict, warps: int = 4, stages: int = 3):
+def _compile(kernel, sig: dict, consts: dict, warps: int = 4, stages: int = 3, attrs: Optional[dict] = None):
     sig = dict(sig, **{k: "constexpr" for k in consts})
-    return triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
 
 
