@@ -7,10 +7,7 @@ divisible by 16). No GPU needed.
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import tempfile
 from typing import Optional
 
 import triton
@@ -18,8 +15,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from opforge.ops.quant import triton_kernels as tk
+from ptxas_tool import ptxas_verbose
 
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "out_ptr", "N", "K", "stride_xm", "stride_w", "k_per_split",
            "words_per_split")
 
@@ -47,12 +44,7 @@ def compile_kernel(bits: int, group: int, x: str, config: tuple, partial: bool =
 
 def report(compiled) -> str:
     ptx = compiled.asm["ptx"]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        out = subprocess.run([PTXAS, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True).stderr
+    out = ptxas_verbose(ptx)
     used = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
     v4 = len(re.findall(r"ld\.global[^\n]*\.v4", ptx))
