@@ -315,3 +315,9 @@ def test_tuned_setting_is_read_from_the_environment():
         env["OPFORGE_QUANT_TUNED"] = value
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.split("\n")[-2] == want, out.stderr[-2000:]
+
+
+def test_empty_inner_dimension_gives_the_bias_like_f_linear():
+    x, w, b = torch.randn(3, 0), torch.randn(4, 0), torch.randn(4)
+    torch.testing.assert_close(opforge.linear(x, w), F.linear(x, w))
+    torch.testing.assert_close(opforge.linear(x, w, b), F.linear(x, w, b))

@@ -1,6 +1,7 @@
 """Validation of ``linear`` arguments, and the problem description variants see."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -125,11 +126,9 @@ def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Opti
     if x.dim() > 1 and x.stride(-1) != 1 and x.numel():
         x = x.contiguous()
         note = "x copied: its last dimension is not contiguous"
-    x2 = x.reshape(-1, k) if k else x.reshape(-1, 0)
+    x2 = x.reshape(math.prod(x.shape[:-1]), k)     # (M, K); -1 cannot infer M when K is 0
     if not note and x.numel() and x2.data_ptr() != x.data_ptr():
         note = "x copied: its leading dimensions do not flatten to one stride"
-    if x2.dim() == 1:
-        x2 = x2.unsqueeze(0)
     m = x2.shape[0]
     problem = LinearProblem(x.dtype, m, n, k, bits, group, symmetric, bias is not None, x.device.type)
     return LinearCall(problem, x2, w, bias, out_shape, note)
