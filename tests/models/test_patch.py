@@ -6,12 +6,9 @@ import torch
 
 import opforge
 from opforge.models.testing import TINY_LLAMA
+from opforge.testing import rel_error
 
 transformers = pytest.importorskip("transformers")
-
-
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def _logits_before_and_after_patch(model, ids):
@@ -40,7 +37,7 @@ def test_patched_logits_equal_unpatched(model_type):
     model = _llama(model_type)
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     before, after, report, ops = _logits_before_and_after_patch(model, ids)
-    assert _rel(after, before) <= 1e-5
+    assert rel_error(after, before) <= 1e-5
     assert {"rms_norm", "swiglu", "rotary_embedding", "attention"} <= ops, ops
     assert report.replaced["attention implementation -> opforge"] == 1
     assert sum(n for k, n in report.replaced.items() if k.endswith("(swiglu)")) == 2
@@ -82,4 +79,4 @@ def test_gpt2_layernorm_and_gelu():
     assert any(k.startswith("NewGELUActivation") for k in report.replaced)
     assert "attention/rotary" in report.left
     assert {"layer_norm", "gelu"} <= ops
-    assert _rel(after, before) <= 1e-5
+    assert rel_error(after, before) <= 1e-5
