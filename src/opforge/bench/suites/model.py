@@ -38,19 +38,30 @@ def _config(shape: str) -> dict[str, Any]:
     return {"1b": LLAMA_1B, "8b": LLAMA_8B}[shape]
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op off CUDA).
+
+    Example:
+        >>> sync(torch.device("cpu"))
+    """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _median_s(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+    """Median wall seconds of ``fn()`` over ``repeats`` synchronized calls, after one warm-up call.
+
+    Example:
+        >>> median_seconds(lambda: sum(range(10)), torch.device("cpu")) >= 0
+        True
+    """
     fn()
     times = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
 
@@ -88,7 +99,7 @@ def _ours(path: str, precision: str, device: torch.device, shape: str, bandwidth
                pct_of_limit=100 * (tps / b) / limit, weight_bytes=weight_bytes, dense_lm_head_bytes=head)
     ids = torch.randint(0, vocab, (1, prefill_len), generator=g)
     lengths = torch.tensor([prefill_len])
-    s = _median_s(lambda: model.prefill(ids, lengths), device)
+    s = median_seconds(lambda: model.prefill(ids, lengths), device)
     record("opforge", precision, f"prefill 1x{prefill_len}", prefill_len / s)
     if device.type == "cuda":
         record("opforge", precision, "peak memory", None,
@@ -118,8 +129,8 @@ def _transformers(path: str, device: torch.device, shape: str, bandwidth: float,
             try:
                 with torch.no_grad():
                     gen(2)
-                    t_one = _median_s(lambda: gen(1), device, 1)
-                    t_all = _median_s(lambda: gen(n), device, 1)
+                    t_one = median_seconds(lambda: gen(1), device, 1)
+                    t_all = median_seconds(lambda: gen(n), device, 1)
                 tps = b * (n - 1) / max(t_all - t_one, 1e-9)
                 record(f"transformers ({cache} cache)", "bf16", f"decode b{b} ctx{context}", tps,
                        pct_of_limit=100 * (tps / b) / limit)
@@ -128,7 +139,7 @@ def _transformers(path: str, device: torch.device, shape: str, bandwidth: float,
                        error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     x = torch.randint(0, vocab, (1, prefill_len), generator=g).to(device)
     with torch.no_grad():
-        s = _median_s(lambda: hf(x, use_cache=False), device)
+        s = median_seconds(lambda: hf(x, use_cache=False), device)
     record("transformers (eager)", "bf16", f"prefill 1x{prefill_len}", prefill_len / s)
     del hf
 
