@@ -227,8 +227,7 @@ def main(args: Any) -> int:
     --dtypes as precisions, --impls opforge to skip the peers, --device, --json)."""
     import sys
 
-    def split(values: Optional[list[str]]) -> list[str]:
-        return [v.strip() for text in values or [] for v in text.split(",") if v.strip()]
+    from opforge.bench.cli import _split as split
     peers = not args.impls or "transformers" in split(args.impls)
     try:
         result = run_model_suite(split(args.shapes) or None, args.device, split(args.dtypes) or None,
