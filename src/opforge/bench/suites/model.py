@@ -18,7 +18,6 @@ Run: ``opforge bench --suite model [--shapes 1b,8b] [--device cuda] [--json mode
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -217,7 +216,7 @@ def run_model_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
             shutil.rmtree(directory, ignore_errors=True)
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(result, f, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v))
+            json.dump(result, f, indent=1, default=str)
         print(f"wrote {json_path}", file=out)
     return result
 
