@@ -122,7 +122,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = parser.parse_args()
     import opforge
-    from opforge.bench.suites.model import median_seconds as median_time, sync
+    from opforge.bench.suites.model import median_seconds as median_time, sync, transformers_decode_tokens_per_s
     from opforge.models import load
     from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
     from opforge.runtime.device import measure_copy_bandwidth
@@ -314,17 +314,10 @@ def main() -> int:
         hf.generation_config.eos_token_id = None
         hf.generation_config.disable_compile = True    # eager: generate would compile a static-cache forward on CUDA
         ids = prompt.to(device)
-        mask = torch.ones_like(ids)          # else generate takes token 0 (pad) in the prompt for padding
         n = 16 if smoke else 64
 
         def decode_tps(**kw: Any) -> float:
-            def gen(k: int) -> Any:
-                return hf.generate(ids, attention_mask=mask, max_new_tokens=k, do_sample=False, pad_token_id=0, **kw)
-            with torch.no_grad():
-                gen(4)
-                t_one = median_time(lambda: gen(1), device, 1)
-                t_all = median_time(lambda: gen(n), device, 1)
-            return (n - 1) / max(t_all - t_one, 1e-9)
+            return transformers_decode_tokens_per_s(hf, ids, n, device, warmup_tokens=4, **kw)
 
         def prefill_tps() -> float:
             x = long_prompt.to(device)

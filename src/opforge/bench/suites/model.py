@@ -65,6 +65,30 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 3
     return sorted(times)[len(times) // 2]
 
 
+def transformers_decode_tokens_per_s(hf: Any, ids: torch.Tensor, new_tokens: int, device: torch.device,
+                                     warmup_tokens: int = 2, **generate_kwargs: Any) -> float:
+    """Greedy decode tokens/s (all sequences) of a transformers model: ``new_tokens`` generated
+    minus one generated, over ``new_tokens - 1`` steps, so the prefill cancels out.
+
+    Example:
+        >>> class Echo:                                   # stands in for a transformers model
+        ...     def generate(self, ids, **kwargs):
+        ...         return ids
+        >>> transformers_decode_tokens_per_s(Echo(), torch.zeros(1, 4, dtype=torch.long), 8, torch.device("cpu")) > 0
+        True
+    """
+    mask = torch.ones_like(ids)          # else generate takes token 0 (pad) in the prompt for padding
+
+    def gen(k: int) -> Any:
+        return hf.generate(ids, attention_mask=mask, max_new_tokens=k, do_sample=False, pad_token_id=0,
+                           **generate_kwargs)
+    with torch.no_grad():
+        gen(warmup_tokens)
+        t_one = median_seconds(lambda: gen(1), device, 1)
+        t_all = median_seconds(lambda: gen(new_tokens), device, 1)
+    return ids.shape[0] * (new_tokens - 1) / max(t_all - t_one, 1e-9)
+
+
 def _sizes(shape: str) -> tuple[int, int, int, tuple[int, ...]]:
     """(context, new tokens, prefill length, decode batches)."""
     return (24, 8, 64, (1, 2)) if shape == "tiny" else (512, 64, 2048, (1, 8))
@@ -121,16 +145,8 @@ def _transformers(path: str, device: torch.device, shape: str, bandwidth: float,
         kw = {"cache_implementation": "static"} if cache == "static" else {}
         for b in batches:
             ids = torch.randint(0, vocab, (b, context), generator=g).to(device)
-
-            def gen(k: int) -> Any:
-                return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=k,
-                                   do_sample=False, pad_token_id=0, **kw)
             try:
-                with torch.no_grad():
-                    gen(2)
-                    t_one = median_seconds(lambda: gen(1), device, 1)
-                    t_all = median_seconds(lambda: gen(n), device, 1)
-                tps = b * (n - 1) / max(t_all - t_one, 1e-9)
+                tps = transformers_decode_tokens_per_s(hf, ids, n, device, **kw)
                 record(f"transformers ({cache} cache)", "bf16", f"decode b{b} ctx{context}", tps,
                        pct_of_limit=100 * (tps / b) / limit)
             except Exception as exc:             # report a failing peer as a failure, keep going
