@@ -71,28 +71,6 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_time(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
-def write_random_checkpoint(config: dict, device: torch.device, dtype: torch.dtype) -> str:
-    from opforge.models.testing import write_random_checkpoint as write
-    return write(config, tempfile.mkdtemp(prefix="opforge-models-check-"), device, dtype)
-
-
 def _tps(prefix: str) -> Any:
     for t in RESULTS["timings"]:
         if t["name"].startswith(prefix):
@@ -144,8 +122,9 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = parser.parse_args()
     import opforge
+    from opforge.bench.suites.model import median_seconds as median_time, sync, transformers_decode_tokens_per_s
     from opforge.models import load
-    from opforge.models.testing import LLAMA_1B, TINY_LLAMA
+    from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
     from opforge.runtime.device import measure_copy_bandwidth
 
     smoke = args.cpu_smoke or not torch.cuda.is_available()
@@ -162,7 +141,7 @@ def main() -> int:
     bandwidth = measure_copy_bandwidth(device, nbytes=(1 << 22) if smoke else (1 << 30), repeats=10)
     RESULTS["copy_bandwidth_gbs"] = bandwidth
     t0 = time.perf_counter()
-    path = write_random_checkpoint(config, device, torch.bfloat16)
+    path = write_random_checkpoint(config, tempfile.mkdtemp(prefix="opforge-models-check-"), device, torch.bfloat16)
     print(f"checkpoint written in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
 
     gen = torch.Generator().manual_seed(1)
@@ -335,17 +314,10 @@ def main() -> int:
         hf.generation_config.eos_token_id = None
         hf.generation_config.disable_compile = True    # eager: generate would compile a static-cache forward on CUDA
         ids = prompt.to(device)
-        mask = torch.ones_like(ids)          # else generate takes token 0 (pad) in the prompt for padding
         n = 16 if smoke else 64
 
         def decode_tps(**kw: Any) -> float:
-            def gen(k: int) -> Any:
-                return hf.generate(ids, attention_mask=mask, max_new_tokens=k, do_sample=False, pad_token_id=0, **kw)
-            with torch.no_grad():
-                gen(4)
-                t_one = median_time(lambda: gen(1), device, 1)
-                t_all = median_time(lambda: gen(n), device, 1)
-            return (n - 1) / max(t_all - t_one, 1e-9)
+            return transformers_decode_tokens_per_s(hf, ids, n, device, warmup_tokens=4, **kw)
 
         def prefill_tps() -> float:
             x = long_prompt.to(device)

@@ -73,10 +73,24 @@ MUTANTS = [
 ]
 
 
-def _use_source(tmp_path, monkeypatch, source: str) -> None:
-    path = tmp_path / "norm.metal"
+def _use_source(tmp_path, monkeypatch, source: str, module=norm_metal) -> None:
+    """Point ``module``'s launcher (norm.metal's by default) at ``source``, written under tmp_path."""
+    path = tmp_path / module.SOURCE.name
     path.write_text(source)
-    monkeypatch.setattr(norm_metal, "SOURCE", path)
+    monkeypatch.setattr(module, "SOURCE", path)
+
+
+def _assert_mutant_fails(mutant, module, cut, check, tmp_path, monkeypatch) -> None:
+    """Every ``check(kind)`` of ``mutant`` = (id, function, old, new, kinds) fails on the cut-down mutated source."""
+    import metal_emu
+    name, function, old, new, kinds = mutant
+    original = cut(module.SOURCE.read_text())
+    source = mutate(original, function, old, new)
+    assert source != original
+    _use_source(tmp_path, monkeypatch, source, module)
+    for kind in kinds:
+        with pytest.raises((AssertionError, metal_emu.EmulatorError)):
+            check(kind)
 
 
 def test_cut_down_source_passes_every_check(tmp_path, monkeypatch):
@@ -156,29 +170,15 @@ def attention_cut_down(source: str) -> str:
         "ATTENTION_KERNELS(float)\nATTENTION_PREFILL_KERNEL(float, 64)\n"
 
 
-def _use_attention_source(tmp_path, monkeypatch, source: str) -> None:
-    path = tmp_path / "attention.metal"
-    path.write_text(source)
-    monkeypatch.setattr(attn_metal, "SOURCE", path)
-
-
 def test_unmutated_attention_passes(tmp_path, monkeypatch):
-    _use_attention_source(tmp_path, monkeypatch, attention_cut_down(attn_metal.SOURCE.read_text()))
+    _use_source(tmp_path, monkeypatch, attention_cut_down(attn_metal.SOURCE.read_text()), attn_metal)
     _attention_check("prefill")
     _attention_check("decode")
 
 
 @pytest.mark.parametrize("mutant", ATTENTION_MUTANTS, ids=[m[0] for m in ATTENTION_MUTANTS])
 def test_attention_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
-    import metal_emu
-    name, function, old, new, kinds = mutant
-    original = attention_cut_down(attn_metal.SOURCE.read_text())
-    source = mutate(original, function, old, new)
-    assert source != original
-    _use_attention_source(tmp_path, monkeypatch, source)
-    for kind in kinds:
-        with pytest.raises((AssertionError, metal_emu.EmulatorError)):
-            _attention_check(kind)
+    _assert_mutant_fails(mutant, attn_metal, attention_cut_down, _attention_check, tmp_path, monkeypatch)
 
 
 # ---------------------------------------------------------------------------
@@ -232,14 +232,8 @@ def _quant_check(kind: str) -> None:
             assert err <= 2e-5, f"{kind} int{bits} ({order}): rel err {err:.3e}"
 
 
-def _use_quant_source(tmp_path, monkeypatch, source: str) -> None:
-    path = tmp_path / "quant.metal"
-    path.write_text(source)
-    monkeypatch.setattr(quant_metal, "SOURCE", path)
-
-
 def test_unmutated_quant_passes(tmp_path, monkeypatch):
-    _use_quant_source(tmp_path, monkeypatch, quant_cut_down(quant_metal.SOURCE.read_text()))
+    _use_source(tmp_path, monkeypatch, quant_cut_down(quant_metal.SOURCE.read_text()), quant_metal)
     _quant_check("qmv")
     _quant_check("qmm")
     _quant_check("qmv-split")
@@ -247,12 +241,4 @@ def test_unmutated_quant_passes(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mutant", QUANT_MUTANTS, ids=[m[0] for m in QUANT_MUTANTS])
 def test_quant_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
-    import metal_emu
-    name, function, old, new, kinds = mutant
-    original = quant_cut_down(quant_metal.SOURCE.read_text())
-    source = mutate(original, function, old, new)
-    assert source != original
-    _use_quant_source(tmp_path, monkeypatch, source)
-    for kind in kinds:
-        with pytest.raises((AssertionError, metal_emu.EmulatorError)):
-            _quant_check(kind)
+    _assert_mutant_fails(mutant, quant_metal, quant_cut_down, _quant_check, tmp_path, monkeypatch)

@@ -10,10 +10,7 @@ import torch
 import opforge
 from opforge.models import UnsupportedModelError, load
 from opforge.models.testing import TINY_LLAMA, random_weights, tiny_decoder, write_checkpoint
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+from opforge.testing import rel_error
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +27,7 @@ def test_prefill_then_decode_equals_full_forward(model):
         steps.append(model.decode_step(ids[:, t], seqlens)[0])
         seqlens.add_(1)
     got = torch.stack(steps)          # logits at positions 23..39
-    assert _rel(got, full[23:40]) < 1e-5
+    assert rel_error(got, full[23:40]) < 1e-5
     assert full.abs().max() > 1.0     # real values, not zeros
 
 
@@ -38,7 +35,7 @@ def test_forward_matches_float64_own_model():
     m32 = tiny_decoder(max_seq_len=64)
     m64 = tiny_decoder(max_seq_len=64, dtype=torch.float64)
     ids = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(2))
-    assert _rel(m32.forward(ids), m64.forward(ids)) < 1e-5
+    assert rel_error(m32.forward(ids), m64.forward(ids)) < 1e-5
 
 
 def test_batched_prompts_of_different_lengths_equal_single_runs(model):
@@ -91,7 +88,7 @@ def test_other_families_load_and_decode_consistently(tmp_path, model_type):
     full = m.forward(ids)[0, -1]
     m.prefill(ids[:, :11], torch.tensor([11]))
     step = m.decode_step(ids[:, 11], m.cache_seqlens[:1])[0]
-    assert _rel(step, full) < 1e-5
+    assert rel_error(step, full) < 1e-5
 
 
 def test_tied_embeddings(tmp_path):
@@ -135,14 +132,14 @@ def test_quantized_models_run_close_to_dense():
     m = tiny_decoder(quantize="int8", max_seq_len=32, group_size=32)
     full = tiny_decoder(max_seq_len=32)
     ids = torch.tensor([[1, 2, 3, 4]])
-    assert _rel(m.forward(ids), full.forward(ids)) < 5e-2
+    assert rel_error(m.forward(ids), full.forward(ids)) < 5e-2
     assert type(m.layers[0].qkv).__name__ == "QuantizedWeight" and type(m.layers[0].down).__name__ == "QuantizedWeight"
     assert isinstance(m.lm_head, torch.Tensor)          # the output head stays dense
     assert m.weight_bytes() < full.weight_bytes()
     with pytest.warns(UserWarning, match="stay dense"):        # K=32 weights with 64-wide groups
         tiny_decoder(quantize="int8", max_seq_len=32, group_size=64)
     m4 = tiny_decoder(quantize="int4", max_seq_len=32, group_size=32)
-    assert _rel(m4.forward(ids), full.forward(ids)) < 0.5
+    assert rel_error(m4.forward(ids), full.forward(ids)) < 0.5
     assert len(m4.generate([1, 2, 3], 4)[0]) == 4
 
 
@@ -189,7 +186,7 @@ def test_triton_kernels_compose_with_the_decoder_layouts():
         ref, ref_tokens = m.forward(ids), m.generate(prompts, 4, graphs=False)
     with opforge.backend("triton"), opforge.trace() as t:
         got, tokens = m.forward(ids), m.generate(prompts, 4, graphs=False)
-    assert _rel(got, ref) < 1e-5
+    assert rel_error(got, ref) < 1e-5
     assert tokens == ref_tokens
     ran = {e.op for e in t if e.backend == "triton"}
     assert set(_NATIVE) | {"rms_norm", "add_rms_norm", "swiglu"} <= ran, ran

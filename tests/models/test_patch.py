@@ -6,12 +6,19 @@ import torch
 
 import opforge
 from opforge.models.testing import TINY_LLAMA
+from opforge.testing import rel_error
 
 transformers = pytest.importorskip("transformers")
 
 
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
+def _logits_before_and_after_patch(model, ids):
+    """(logits unpatched, logits patched, the patch report, opforge ops traced in the patched forward)."""
+    with torch.no_grad():
+        before = model(ids).logits
+        report = opforge.patch(model)
+        with opforge.trace() as t:
+            after = model(ids).logits
+    return before, after, report, {e.op for e in t}
 
 
 def _llama(model_type="llama", seed=0, config=None):
@@ -29,13 +36,8 @@ def _llama(model_type="llama", seed=0, config=None):
 def test_patched_logits_equal_unpatched(model_type):
     model = _llama(model_type)
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        before = model(ids).logits
-        report = opforge.patch(model)
-        with opforge.trace() as t:
-            after = model(ids).logits
-    assert _rel(after, before) <= 1e-5
-    ops = {e.op for e in t}
+    before, after, report, ops = _logits_before_and_after_patch(model, ids)
+    assert rel_error(after, before) <= 1e-5
     assert {"rms_norm", "swiglu", "rotary_embedding", "attention"} <= ops, ops
     assert report.replaced["attention implementation -> opforge"] == 1
     assert sum(n for k, n in report.replaced.items() if k.endswith("(swiglu)")) == 2
@@ -72,13 +74,9 @@ def test_gpt2_layernorm_and_gelu():
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     ids = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        before = model(ids).logits
-        report = opforge.patch(model)
-        with opforge.trace() as t:
-            after = model(ids).logits
+    before, after, report, ops = _logits_before_and_after_patch(model, ids)
     assert report.replaced["LayerNorm"] == 5
     assert any(k.startswith("NewGELUActivation") for k in report.replaced)
     assert "attention/rotary" in report.left
-    assert {"layer_norm", "gelu"} <= {e.op for e in t}
-    assert _rel(after, before) <= 1e-5
+    assert {"layer_norm", "gelu"} <= ops
+    assert rel_error(after, before) <= 1e-5

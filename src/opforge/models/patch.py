@@ -55,12 +55,31 @@ def _gelu_forward(approximate: str):
     return forward
 
 
-def _rotary_attention_forward(original):
-    """Wrap an attention module's forward: rotary through opforge, the rest unchanged.
+class _RotaryTables:
+    """opforge's rotary tables from transformers' (cos, sin), built once per model forward.
 
-    transformers computes rotary inside the forward from (cos, sin) of shape (B, S, D) with the two
-    halves equal; we pass those as opforge's tables indexed by each token's own row.
+    transformers computes (cos, sin) of shape (B, S, D) (the two halves equal) once per forward
+    and hands the same tensors to every layer; the tables (one row per token) and the row index
+    are kept for the last pair seen, held by reference so identity is a safe key.
     """
+
+    def __init__(self) -> None:
+        self._key: Optional[tuple] = None
+        self._value: Optional[tuple] = None
+
+    def get(self, cos: torch.Tensor, sin: torch.Tensor, b: int, s: int, device: torch.device) -> tuple:
+        key = self._key
+        if key is None or key[0] is not cos or key[1] is not sin or key[2:] != (b, s, device):
+            half = cos.shape[-1] // 2
+            table_cos = cos[..., :half].expand(b, s, half).reshape(b * s, half).float()
+            table_sin = sin[..., :half].expand(b, s, half).reshape(b * s, half).float()
+            rows = torch.arange(b * s, device=device).view(b, s)
+            self._key, self._value = (cos, sin, b, s, device), (table_cos, table_sin, rows)
+        return self._value
+
+
+def _rotary_attention_forward(tables: _RotaryTables):
+    """An attention module's forward with rotary through opforge (tables shared by the model's layers)."""
     def forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Optional[tuple] = None,
                 attention_mask: Optional[torch.Tensor] = None, past_key_values: Any = None, **kwargs: Any):
         b, s, _ = hidden_states.shape
@@ -71,11 +90,7 @@ def _rotary_attention_forward(original):
         if hasattr(self, "k_norm"):
             k = self.k_norm(k)
         v = self.v_proj(hidden_states).view(b, s, -1, self.head_dim).transpose(1, 2)
-        cos, sin = position_embeddings
-        half = cos.shape[-1] // 2
-        table_cos = cos[..., :half].expand(b, s, half).reshape(b * s, half).float()
-        table_sin = sin[..., :half].expand(b, s, half).reshape(b * s, half).float()
-        rows = torch.arange(b * s, device=q.device).view(b, s)
+        table_cos, table_sin, rows = tables.get(*position_embeddings, b, s, q.device)
         q, k = opforge.rotary_embedding(q.transpose(1, 2), k.transpose(1, 2), table_cos, table_sin, rows)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
@@ -142,6 +157,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
     """
     report = PatchReport()
     family = next((f for f in _GATED_FAMILIES if type(model).__name__.startswith(f)), None)
+    tables = _RotaryTables()
     for name, module in model.named_modules():
         cls = type(module).__name__
         if isinstance(module, torch.nn.LayerNorm) and module.elementwise_affine:
@@ -165,7 +181,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
             module.forward = types.MethodType(_gelu_forward(approximate), module)
             report._add(f"{cls} (gelu {approximate})")
         elif family and cls.endswith("Attention") and all(hasattr(module, p) for p in ("q_proj", "k_proj", "o_proj")):
-            module.forward = types.MethodType(_rotary_attention_forward(module.forward), module)
+            module.forward = types.MethodType(_rotary_attention_forward(tables), module)
             report._add(f"{cls} (rotary)")
     if any(k.endswith("(rotary)") for k in report.replaced):
         if _register_attention() and getattr(model, "config", None) is not None:

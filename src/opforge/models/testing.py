@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -16,6 +16,34 @@ TINY_LLAMA = {
 }
 
 
+def _llama_weights(config: dict[str, Any], r: Callable[..., torch.Tensor], embed_std: float, std: float,
+                   qwen_extras: bool) -> dict[str, torch.Tensor]:
+    """Hugging Face names to ``r(*shape, std=...)`` draws (in a fixed order) for a llama-family config;
+    ``qwen_extras``: qwen2's q/k/v biases and qwen3's q/k norms where the config's model_type has them."""
+    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    d = config.get("head_dim") or h // heads
+
+    def norm(n: int) -> torch.Tensor:
+        return 1.0 + r(n, std=0.1)
+    w = {"model.embed_tokens.weight": r(v, h, std=embed_std), "model.norm.weight": norm(h)}
+    if not config.get("tie_word_embeddings", False):
+        w["lm_head.weight"] = r(v, h, std=std)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"] = norm(h), norm(h)
+        for n, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d)):
+            w[p + f"self_attn.{n}_proj.weight"] = r(rows, h, std=std)
+            if qwen_extras and config["model_type"] == "qwen2":
+                w[p + f"self_attn.{n}_proj.bias"] = r(rows, std=0.1)
+        w[p + "self_attn.o_proj.weight"] = r(h, heads * d, std=std)
+        if qwen_extras and config["model_type"] == "qwen3":
+            w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = norm(d), norm(d)
+        w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = r(f, h, std=std), r(f, h, std=std)
+        w[p + "mlp.down_proj.weight"] = r(h, f, std=std)
+    return w
+
+
 def random_weights(config: dict[str, Any], seed: int = 0, std: float = 0.2) -> dict[str, torch.Tensor]:
     """float32 random weights under Hugging Face's names for a llama/mistral/qwen2/qwen3 config.
 
@@ -25,31 +53,10 @@ def random_weights(config: dict[str, Any], seed: int = 0, std: float = 0.2) -> d
         torch.Size([64, 32])
     """
     g = torch.Generator().manual_seed(seed)
-    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
-    d = config.get("head_dim") or h // heads
 
-    def r(*shape: int, scale: float = std) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * scale
-
-    def norm(n: int) -> torch.Tensor:
-        return 1.0 + r(n, scale=0.1)
-    w = {"model.embed_tokens.weight": r(v, h, scale=1.0), "model.norm.weight": norm(h)}
-    if not config.get("tie_word_embeddings", False):
-        w["lm_head.weight"] = r(v, h)
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"] = norm(h), norm(h)
-        for n, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d)):
-            w[p + f"self_attn.{n}_proj.weight"] = r(rows, h)
-            if config["model_type"] == "qwen2":
-                w[p + f"self_attn.{n}_proj.bias"] = r(rows, scale=0.1)
-        w[p + "self_attn.o_proj.weight"] = r(h, heads * d)
-        if config["model_type"] == "qwen3":
-            w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = norm(d), norm(d)
-        w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = r(f, h), r(f, h)
-        w[p + "mlp.down_proj.weight"] = r(h, f)
-    return w
+    def r(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std
+    return _llama_weights(config, r, embed_std=1.0, std=std, qwen_extras=True)
 
 
 def write_checkpoint(directory: str, config: dict[str, Any], weights: dict[str, torch.Tensor],
@@ -129,22 +136,8 @@ def write_random_checkpoint(config: dict[str, Any], directory: Optional[str] = N
         ['config.json', 'model.safetensors']
     """
     g = torch.Generator(device=device).manual_seed(seed)
-    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
-    d = config.get("head_dim") or h // heads
 
-    def r(*shape: int, std: float = 0.02) -> torch.Tensor:
+    def r(*shape: int, std: float) -> torch.Tensor:
         return (torch.randn(*shape, generator=g, device=device) * std).to(dtype).cpu()
-    w = {"model.embed_tokens.weight": r(v, h, std=0.1), "model.norm.weight": 1 + r(h, std=0.1)}
-    if not config.get("tie_word_embeddings", False):
-        w["lm_head.weight"] = r(v, h)
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1 + r(h, std=0.1)
-        w[p + "post_attention_layernorm.weight"] = 1 + r(h, std=0.1)
-        for n, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d)):
-            w[p + f"self_attn.{n}_proj.weight"] = r(rows, h)
-        w[p + "self_attn.o_proj.weight"] = r(h, heads * d)
-        w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = r(f, h), r(f, h)
-        w[p + "mlp.down_proj.weight"] = r(h, f)
+    w = _llama_weights(config, r, embed_std=0.1, std=0.02, qwen_extras=False)
     return write_checkpoint(directory or tempfile.mkdtemp(prefix="opforge-random-"), config, w)

@@ -18,7 +18,6 @@ Run: ``opforge bench --suite model [--shapes 1b,8b] [--device cuda] [--json mode
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -38,21 +37,56 @@ def _config(shape: str) -> dict[str, Any]:
     return {"1b": LLAMA_1B, "8b": LLAMA_8B}[shape]
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op off CUDA).
+
+    Example:
+        >>> sync(torch.device("cpu"))
+    """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _median_s(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+    """Median wall seconds of ``fn()`` over ``repeats`` synchronized calls, after one warm-up call.
+
+    Example:
+        >>> median_seconds(lambda: sum(range(10)), torch.device("cpu")) >= 0
+        True
+    """
     fn()
     times = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
+
+
+def transformers_decode_tokens_per_s(hf: Any, ids: torch.Tensor, new_tokens: int, device: torch.device,
+                                     warmup_tokens: int = 2, **generate_kwargs: Any) -> float:
+    """Greedy decode tokens/s (all sequences) of a transformers model: ``new_tokens`` generated
+    minus one generated, over ``new_tokens - 1`` steps, so the prefill cancels out.
+
+    Example:
+        >>> class Echo:                                   # stands in for a transformers model
+        ...     def generate(self, ids, **kwargs):
+        ...         return ids
+        >>> transformers_decode_tokens_per_s(Echo(), torch.zeros(1, 4, dtype=torch.long), 8, torch.device("cpu")) > 0
+        True
+    """
+    mask = torch.ones_like(ids)          # else generate takes token 0 (pad) in the prompt for padding
+
+    def gen(k: int) -> Any:
+        return hf.generate(ids, attention_mask=mask, max_new_tokens=k, do_sample=False, pad_token_id=0,
+                           **generate_kwargs)
+    with torch.no_grad():
+        gen(warmup_tokens)
+        t_one = median_seconds(lambda: gen(1), device, 1)
+        t_all = median_seconds(lambda: gen(new_tokens), device, 1)
+    return ids.shape[0] * (new_tokens - 1) / max(t_all - t_one, 1e-9)
 
 
 def _sizes(shape: str) -> tuple[int, int, int, tuple[int, ...]]:
@@ -88,7 +122,7 @@ def _ours(path: str, precision: str, device: torch.device, shape: str, bandwidth
                pct_of_limit=100 * (tps / b) / limit, weight_bytes=weight_bytes, dense_lm_head_bytes=head)
     ids = torch.randint(0, vocab, (1, prefill_len), generator=g)
     lengths = torch.tensor([prefill_len])
-    s = _median_s(lambda: model.prefill(ids, lengths), device)
+    s = median_seconds(lambda: model.prefill(ids, lengths), device)
     record("opforge", precision, f"prefill 1x{prefill_len}", prefill_len / s)
     if device.type == "cuda":
         record("opforge", precision, "peak memory", None,
@@ -111,16 +145,8 @@ def _transformers(path: str, device: torch.device, shape: str, bandwidth: float,
         kw = {"cache_implementation": "static"} if cache == "static" else {}
         for b in batches:
             ids = torch.randint(0, vocab, (b, context), generator=g).to(device)
-
-            def gen(k: int) -> Any:
-                return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=k,
-                                   do_sample=False, pad_token_id=0, **kw)
             try:
-                with torch.no_grad():
-                    gen(2)
-                    t_one = _median_s(lambda: gen(1), device, 1)
-                    t_all = _median_s(lambda: gen(n), device, 1)
-                tps = b * (n - 1) / max(t_all - t_one, 1e-9)
+                tps = transformers_decode_tokens_per_s(hf, ids, n, device, **kw)
                 record(f"transformers ({cache} cache)", "bf16", f"decode b{b} ctx{context}", tps,
                        pct_of_limit=100 * (tps / b) / limit)
             except Exception as exc:             # report a failing peer as a failure, keep going
@@ -128,7 +154,7 @@ def _transformers(path: str, device: torch.device, shape: str, bandwidth: float,
                        error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     x = torch.randint(0, vocab, (1, prefill_len), generator=g).to(device)
     with torch.no_grad():
-        s = _median_s(lambda: hf(x, use_cache=False), device)
+        s = median_seconds(lambda: hf(x, use_cache=False), device)
     record("transformers (eager)", "bf16", f"prefill 1x{prefill_len}", prefill_len / s)
     del hf
 
@@ -206,7 +232,7 @@ def run_model_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
             shutil.rmtree(directory, ignore_errors=True)
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(result, f, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v))
+            json.dump(result, f, indent=1, default=str)
         print(f"wrote {json_path}", file=out)
     return result
 
@@ -216,8 +242,7 @@ def main(args: Any) -> int:
     --dtypes as precisions, --impls opforge to skip the peers, --device, --json)."""
     import sys
 
-    def split(values: Optional[list[str]]) -> list[str]:
-        return [v.strip() for text in values or [] for v in text.split(",") if v.strip()]
+    from opforge.bench.cli import _split as split
     peers = not args.impls or "transformers" in split(args.impls)
     try:
         result = run_model_suite(split(args.shapes) or None, args.device, split(args.dtypes) or None,
