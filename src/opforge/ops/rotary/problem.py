@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from ...runtime.errors import FLOAT_DTYPES
+from ...runtime.errors import check_float_tensor
 
 OPS = ("rotary_embedding", "kv_cache_append", "rotary_kv_cache_append")
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -113,11 +113,6 @@ def _tensor(name: str, t: object, ndim: Optional[int] = None) -> torch.Tensor:
     return t
 
 
-def _float(name: str, t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16 (or float64 on the torch path), got {t.dtype}")
-
-
 def _last_contiguous(name: str, t: torch.Tensor) -> None:
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
@@ -155,7 +150,7 @@ def prepare_rotary(q, k, cos, sin, positions, interleaved: bool = False, inplace
     ``op="rotary_kv_cache_append"`` allows ``positions=None`` (taken from the cache lengths)."""
     q = _tensor("q", q, 4)
     k = _tensor("k", k, 4)
-    _float("q", q)
+    check_float_tensor("q", q)
     if k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     b, _, s, d = q.shape
@@ -200,7 +195,7 @@ def prepare_append(k_cache, v_cache, k, v, cache_seqlens) -> AppendCall:
     v_cache = _tensor("v_cache", v_cache, 4)
     k = _tensor("k", k, 4)
     v = _tensor("v", v, 4)
-    _float("k_cache", k_cache)
+    check_float_tensor("k_cache", k_cache)
     for name, t in (("v_cache", v_cache), ("k", k), ("v", v)):
         if t.dtype != k_cache.dtype:
             raise TypeError(f"{name} must have k_cache's dtype {k_cache.dtype}, got {t.dtype}")
