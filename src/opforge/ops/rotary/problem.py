@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ...runtime.errors import check_float_tensor
+from ...runtime.lru import LRU
 
 OPS = ("rotary_embedding", "kv_cache_append", "rotary_kv_cache_append")
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -123,14 +124,12 @@ def _same_device(name: str, t: torch.Tensor, device: torch.device, ref: str) -> 
         raise ValueError(f"{name} is on {t.device} but {ref} is on {device}: all tensors must be on one device")
 
 
-_problems: dict[tuple, RotaryProblem] = {}
+_problems: LRU[tuple, RotaryProblem] = LRU(4096, "rotary.problems")
 
 
 def _problem(*fields) -> RotaryProblem:
     problem = _problems.get(fields)
     if problem is None:
-        if len(_problems) > 4096:
-            _problems.clear()
         problem = _problems[fields] = RotaryProblem(*fields)
     return problem
 
