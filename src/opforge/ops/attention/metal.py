@@ -20,7 +20,6 @@ launchers check every tensor they bind.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Optional
 
