@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ...testing import DTYPES, Case
+from ..attention.cases import random_heads
 from . import kv_cache_append, reference, rotary_embedding
 
 
@@ -18,9 +19,7 @@ def rope_tables(max_positions: int, rotary_dim: int, device: Any, base: float = 
 
 def _heads(b: int, h: int, s: int, d: int, dtype: torch.dtype, device: Any, layout: str) -> torch.Tensor:
     """A random (B, H, S, D) tensor: packed, or (``transposed``) a (B, S, H, D) buffer viewed as one."""
-    if layout == "transposed":
-        return torch.randn(b, s, h, d, dtype=dtype, device=device).transpose(1, 2)
-    return torch.randn(b, h, s, d, dtype=dtype, device=device)
+    return random_heads(b, h, s, d, dtype, device, "bshd" if layout == "transposed" else "packed")
 
 
 def make_rotary_inputs(b: int, hq: int, hkv: int, s: int, d: int, r: int, dtype: torch.dtype, device: Any,
