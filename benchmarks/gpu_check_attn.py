@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from opforge.ops.attention import cases, reference, triton_kernels as tk
+from opforge.ops.attention import cases, triton_kernels as tk
 from opforge.ops.attention.problem import prepare_decode
 from opforge.runtime import alloc
 from opforge.testing import TOLERANCE, max_rel_error

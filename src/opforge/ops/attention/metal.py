@@ -20,7 +20,6 @@ launchers check every tensor they bind.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -55,13 +54,6 @@ def kernel_name(kind: str, dtype: torch.dtype, head_dim: Optional[int] = None) -
     return f"attention_{kind}_{TYPE_NAMES[dtype]}{suffix}"
 
 
-def _check(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if t.dtype != dtype or t.device != device or (t.shape[-1] > 1 and t.stride(-1) != 1):
-        raise RuntimeError(f"metal launcher: {name} must be {dtype} on {device} with a contiguous last "
-                           f"dimension, got {t.dtype} on {t.device} with strides {t.stride()}")
-    return t
-
-
 def _strides(t: torch.Tensor) -> list[int]:
     return [t.stride(0), t.stride(1), t.stride(2)]
 
@@ -82,7 +74,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     b, hq, sq, d = q.shape
     device, dtype = q.device, q.dtype
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check(name, t, dtype, device)
+        metal_runtime.check_rows_binding(name, t, dtype, device)
     out = alloc.empty((b, hq, sq, d), dtype, device)
     groups = b * hq * -(-sq // PREFILL_ROWS)
     if groups == 0:
@@ -134,7 +126,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
     b, hq, sq, d = q.shape
     device, dtype = q.device, q.dtype
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _check(name, t, dtype, device)
+        metal_runtime.check_rows_binding(name, t, dtype, device)
     s_max = k_cache.shape[2]
     seqlens = cache_seqlens.to(torch.int32).contiguous()
     out = alloc.empty((b, hq, sq, d), dtype, device)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
-from ...runtime.errors import FLOAT_DTYPES
+from ...runtime.errors import check_float_tensor
 
 OPS = ("attention", "decode_attention")
 
@@ -88,10 +87,7 @@ class DecodeCall:
 
 
 def _check_tensor(name: str, t: object) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16 (or float64 on the torch path), got {t.dtype}")
+    check_float_tensor(name, t)
     if t.dim() != 4:
         raise ValueError(f"{name} must be 4-d (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
     return t

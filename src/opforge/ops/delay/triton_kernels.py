@@ -77,13 +77,11 @@ def _plan(op: str, shape: tuple, cs: tuple, os_: tuple, packed: bool, fb: int, f
 
 def launch(call: DelayCall):
     codes, delays, out = call.codes, call.delays, call.out
+    # a new out's strides follow from codes' (the signature decides them): None stands for them
+    sig = (call.problem.op, codes.shape, codes.stride(), None if out is None else out.stride(), codes.dtype,
+           delays.dtype, codes.device, call.fill_before, call.fill_after)
     if out is None:
-        out = alloc.empty_packed_like(codes)   # its strides follow from codes' (the signature decides them)
-        sig = (call.problem.op, codes.shape, codes.stride(), None, codes.dtype, delays.dtype, codes.device,
-               call.fill_before, call.fill_after)
-    else:
-        sig = (call.problem.op, codes.shape, codes.stride(), out.stride(), codes.dtype, delays.dtype, codes.device,
-               call.fill_before, call.fill_after)
+        out = alloc.empty_packed_like(codes)
     plan = _launch_args.get(sig)
     if plan is None:
         grid, scalars, key, warps = _plan(call.problem.op, tuple(codes.shape), codes.stride(), out.stride(),

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ...testing import DTYPES, Case
+from ..attention.cases import random_heads
 from . import kv_cache_append, reference, rotary_embedding
 
 
@@ -16,15 +17,16 @@ def rope_tables(max_positions: int, rotary_dim: int, device: Any, base: float = 
     return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
+def _heads(b: int, h: int, s: int, d: int, dtype: torch.dtype, device: Any, layout: str) -> torch.Tensor:
+    """A random (B, H, S, D) tensor: packed, or (``transposed``) a (B, S, H, D) buffer viewed as one."""
+    return random_heads(b, h, s, d, dtype, device, "bshd" if layout == "transposed" else "packed")
+
+
 def make_rotary_inputs(b: int, hq: int, hkv: int, s: int, d: int, r: int, dtype: torch.dtype, device: Any,
                        layout: str = "packed", positions: str = "2d", max_positions: int = 64) -> tuple:
     """Random q, k (packed, or ``transposed``: (B, S, H, D) buffers viewed as (B, H, S, D)), tables, positions."""
-    if layout == "transposed":
-        q = torch.randn(b, s, hq, d, dtype=dtype, device=device).transpose(1, 2)
-        k = torch.randn(b, s, hkv, d, dtype=dtype, device=device).transpose(1, 2)
-    else:
-        q = torch.randn(b, hq, s, d, dtype=dtype, device=device)
-        k = torch.randn(b, hkv, s, d, dtype=dtype, device=device)
+    q = _heads(b, hq, s, d, dtype, device, layout)
+    k = _heads(b, hkv, s, d, dtype, device, layout)
     cos, sin = rope_tables(max_positions, r, device)
     shape = (b, s) if positions == "2d" else (s,)
     pos = torch.randint(0, max_positions, shape, device=device, dtype=torch.int64 if positions == "2d" else torch.int32)
@@ -73,12 +75,8 @@ def make_append_case(shape: tuple, dtype: torch.dtype, layout: str = "packed") -
     b, h, s_new, s_max, d = shape
 
     def make(device):
-        if layout == "transposed":
-            kc = torch.randn(b, s_max, h, d, dtype=dtype, device=device).transpose(1, 2)
-            k = torch.randn(b, s_new, h, d, dtype=dtype, device=device).transpose(1, 2)
-        else:
-            kc = torch.randn(b, h, s_max, d, dtype=dtype, device=device)
-            k = torch.randn(b, h, s_new, d, dtype=dtype, device=device)
+        kc = _heads(b, h, s_max, d, dtype, device, layout)
+        k = _heads(b, h, s_new, d, dtype, device, layout)
         vc = torch.randn(b, h, s_max, d, dtype=dtype, device=device)
         v = torch.randn(b, h, s_new, d, dtype=dtype, device=device)
         lens = torch.randint(0, s_max - s_new + 1, (b,), dtype=torch.int32)
@@ -137,10 +135,7 @@ def make_fused_case(shape: tuple, dtype: torch.dtype, r: int = 0, interleaved: b
                                                  max_positions=s_max + 8)
         v = torch.randn(b, hkv, s, d, dtype=dtype, device=device)
         kc = torch.randn(b, hkv, s_max, d, dtype=dtype, device=device)
-        if layout == "transposed":
-            vc = torch.randn(b, s_max, hkv, d, dtype=dtype, device=device).transpose(1, 2)
-        else:
-            vc = torch.randn(b, hkv, s_max, d, dtype=dtype, device=device)
+        vc = _heads(b, hkv, s_max, d, dtype, device, layout)
         lens = torch.randint(0, s_max - s + 1, (b,), dtype=torch.int32)
         lens[-1] = s_max - s
         kwargs = {"interleaved": True} if interleaved else {}

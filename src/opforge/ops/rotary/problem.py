@@ -12,7 +12,8 @@ from typing import Optional
 
 import torch
 
-from ...runtime.errors import FLOAT_DTYPES
+from ...runtime.errors import check_float_tensor
+from ...runtime.lru import LRU
 
 OPS = ("rotary_embedding", "kv_cache_append", "rotary_kv_cache_append")
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -113,11 +114,6 @@ def _tensor(name: str, t: object, ndim: Optional[int] = None) -> torch.Tensor:
     return t
 
 
-def _float(name: str, t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16 (or float64 on the torch path), got {t.dtype}")
-
-
 def _last_contiguous(name: str, t: torch.Tensor) -> None:
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
@@ -128,14 +124,12 @@ def _same_device(name: str, t: torch.Tensor, device: torch.device, ref: str) -> 
         raise ValueError(f"{name} is on {t.device} but {ref} is on {device}: all tensors must be on one device")
 
 
-_problems: dict[tuple, RotaryProblem] = {}
+_problems: LRU[tuple, RotaryProblem] = LRU(4096, "rotary.problems")
 
 
 def _problem(*fields) -> RotaryProblem:
     problem = _problems.get(fields)
     if problem is None:
-        if len(_problems) > 4096:
-            _problems.clear()
         problem = _problems[fields] = RotaryProblem(*fields)
     return problem
 
@@ -155,7 +149,7 @@ def prepare_rotary(q, k, cos, sin, positions, interleaved: bool = False, inplace
     ``op="rotary_kv_cache_append"`` allows ``positions=None`` (taken from the cache lengths)."""
     q = _tensor("q", q, 4)
     k = _tensor("k", k, 4)
-    _float("q", q)
+    check_float_tensor("q", q)
     if k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     b, _, s, d = q.shape
@@ -200,7 +194,7 @@ def prepare_append(k_cache, v_cache, k, v, cache_seqlens) -> AppendCall:
     v_cache = _tensor("v_cache", v_cache, 4)
     k = _tensor("k", k, 4)
     v = _tensor("v", v, 4)
-    _float("k_cache", k_cache)
+    check_float_tensor("k_cache", k_cache)
     for name, t in (("v_cache", v_cache), ("k", k), ("v", v)):
         if t.dtype != k_cache.dtype:
             raise TypeError(f"{name} must have k_cache's dtype {k_cache.dtype}, got {t.dtype}")
