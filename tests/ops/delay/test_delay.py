@@ -158,3 +158,14 @@ def test_numpy_integer_delays():
     codes = torch.randint(0, 9, (1, 6, 3), device=DEVICE)
     out = opforge.apply_delay(codes, np.array([0, 1, 2]), bos_id=-1, pad_id=-2)
     assert torch.equal(out.cpu(), naive_apply(codes.cpu(), [0, 1, 2], -1, -2))
+
+
+@pytest.mark.parametrize("op", ["apply", "revert"])
+def test_float_or_bool_delays_are_refused_after_equal_int_delays_ran(op):
+    codes = torch.randint(0, 100, (1, 6, 2), dtype=torch.int32)
+    call = (lambda d: opforge.apply_delay(codes, d, bos_id=1, pad_id=2)) if op == "apply" \
+        else (lambda d: opforge.revert_delay(codes, d, pad_id=2))
+    call([0, 1])                                  # [0, 1] is now cached; 1.0 and True hash the same as 1
+    for bad in ([0.0, 1.0], [False, True]):
+        with pytest.raises(TypeError, match="delays must be ints"):
+            call(bad)

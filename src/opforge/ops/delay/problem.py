@@ -113,7 +113,8 @@ def prepare(op: str, codes: torch.Tensor, delays: Delays, bos_id: Optional[int],
             if type(bos) is int and rng[0] <= bos <= rng[1]:
                 device = codes.device
                 d = _device_delays.get((tuple(delays), device))
-                if d is not None and d.shape[0] == codes.shape[2]:
+                # 1.0 and True hash as 1: a cached [0, 1] must not admit [0.0, 1.0] past the int check
+                if d is not None and all(type(v) is int for v in delays) and d.shape[0] == codes.shape[2]:
                     problem = _problems.get((op, codes.dtype, device.type, codes.shape[2]))
                     if problem is not None:
                         return DelayCall(problem, codes, d, None, bos, pad_id)
