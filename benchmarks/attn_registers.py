@@ -6,18 +6,15 @@ Catches GPU-only compile errors before a GPU run, and shows what each default ti
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from opforge.ops.attention import triton_kernels as tk
+from ptxas_tool import ptxas_verbose
 
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
 
@@ -35,12 +32,7 @@ def compile_ptx(kernel, pointers: dict, ints: tuple, floats: tuple, consts: dict
 
 
 def ptxas(ptx_text: str) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(ptx_text)
-        report = subprocess.run([PTXAS, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
-                                capture_output=True, text=True).stderr
+    report = ptxas_verbose(ptx_text)
     used = re.search(r"Used (\d+) registers", report)
     spills = re.search(r"(\d+) bytes spill stores", report)
     smem = re.search(r"(\d+) bytes smem", report)

@@ -7,18 +7,15 @@ heads per program x num_warps as in gpu_check_rope.py's sweep.
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from opforge.ops.rotary import triton_kernels as tk
+from ptxas_tool import ptxas_verbose
 
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 CONSTS = ("HBQ", "HBK", "HALF_P", "TAIL_P", "INTERLEAVED", "COPY_TAIL")
 # what Triton's specialization marks divisible by 16 at the prefill size (pointers, sizes, strides)
 DIVISIBLE = ("q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "S", "HALF", "D", "P", "scos",
@@ -39,12 +36,7 @@ def compile_rotary(hbq: int, hbk: int, warps: int):
 
 def report(compiled) -> str:
     ptx = compiled.asm["ptx"]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        out = subprocess.run([PTXAS, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True).stderr
+    out = ptxas_verbose(ptx)
     regs = re.search(r"Used (\d+) registers", out)
     n = {name: len(re.findall(pattern, ptx)) for name, pattern in (
         ("ld.v4", r"ld\.global[^\n]*\.v4"), ("ld.v2", r"ld\.global[^\n]*\.v2"), ("st.v4", r"st\.global[^\n]*\.v4"),
