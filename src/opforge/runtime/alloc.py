@@ -131,10 +131,10 @@ def _requested_bytes(error: BaseException) -> Optional[int]:
 
 def free_caches() -> None:
     """Drop everything opforge caches (compiled-kernel handles, plans, selections, problems) and
-    torch's cached, unused GPU blocks."""
-    from . import lru, plans
+    torch's cached, unused GPU blocks. Every one of them is a ``runtime.lru.LRU`` (the launch
+    plans' caches too), so one ``lru.clear_all()`` empties them."""
+    from . import lru
     lru.clear_all()
-    plans.clear_all()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 

@@ -7,8 +7,8 @@ entries beyond ``maxsize``. Every LRU registers itself, so ``clear_all()`` (call
 memory) empties them all.
 
 Sizes (entries): selection choices 4096 (registry), interned problems 4096 per family,
-Triton binaries 256 per kernel (launch), fused kernel modules 256 (fusion.cache), Metal
-libraries 64 (runtime.metal).
+Triton binaries 256 per kernel (launch), launch plans 1024 per family (runtime.plans), fused
+kernel modules 256 (fusion.cache), Metal libraries 64 (runtime.metal).
 """
 from __future__ import annotations
 
