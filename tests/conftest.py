@@ -79,6 +79,15 @@ def device() -> str:
     return DEVICE
 
 
+@pytest.fixture
+def plans_on():
+    """Launch plans on for the test (``runtime.plans.set_enabled``), the previous setting after."""
+    from opforge.runtime import plans
+    previous = plans.set_enabled(True)
+    yield
+    plans.set_enabled(previous)
+
+
 _traced: collections.Counter = collections.Counter()
 _trace_exit = _trace.Trace.__exit__
 

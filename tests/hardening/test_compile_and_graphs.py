@@ -5,9 +5,8 @@ import torch
 import opforge
 from opforge.runtime.compile_support import InferenceOnlyError
 from torch.utils._python_dispatch import TorchDispatchMode
-from opforge.testing import rel_error
+from opforge.testing import ON_GPU, rel_error
 
-ON_GPU = torch.cuda.is_available()
 
 
 def block(x, residual, weight, gate, up):

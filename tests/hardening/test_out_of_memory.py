@@ -4,9 +4,8 @@ import torch
 
 import opforge
 from opforge.runtime import alloc, lru, registry
-from opforge.testing import rel_error
+from opforge.testing import ON_GPU, rel_error
 
-ON_GPU = torch.cuda.is_available()
 # Kernels that allocate through runtime.alloc: the Triton kernels (interpreted on CPU).
 KERNEL_DEVICE = "cuda" if ON_GPU else "cpu"
 

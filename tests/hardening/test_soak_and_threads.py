@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from opforge.runtime import lru, registry
-from opforge.testing import TOLERANCE, rel_error
+from opforge.testing import ON_GPU, TOLERANCE, rel_error
 
 import hardening_workload as workload
 
-ON_GPU = torch.cuda.is_available()
 
 
 def _rss_bytes() -> int:

@@ -11,13 +11,6 @@ from opforge.runtime import plans
 needs_plans = pytest.mark.skipif(plans._CHECKING_KEYS, reason="OPFORGE_CHECK_LAUNCH_KEYS turns plans off")
 
 
-@pytest.fixture
-def plans_on():
-    previous = plans.set_enabled(True)
-    yield
-    plans.set_enabled(previous)
-
-
 @pytest.mark.parametrize("value,expected", [(None, plans.DEFAULT_ENABLED), ("0", False), ("1", True), ("", plans.DEFAULT_ENABLED)])
 def test_the_env_switch(value, expected):
     env = {k: v for k, v in os.environ.items() if k not in ("OPFORGE_PLANS", "OPFORGE_CHECK_LAUNCH_KEYS")}

@@ -61,6 +61,10 @@ def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
     return n * dtype.itemsize
 
 
+def _fill_poison(out: torch.Tensor) -> None:
+    out.fill_(float("nan") if out.dtype.is_floating_point else torch.iinfo(out.dtype).min)  # ints: their minimum
+
+
 def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.empty``, NaN-filled while ``poisoned_outputs()`` is active."""
     if _fail_next:
@@ -70,7 +74,7 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
     except torch.OutOfMemoryError as error:
         _allocation_failed(_nbytes(shape, dtype), error)
     if _poison:
-        out.fill_(float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min)  # ints: their minimum
+        _fill_poison(out)
     return out
 
 
@@ -83,7 +87,7 @@ def empty_packed_like(x: torch.Tensor) -> torch.Tensor:
     except torch.OutOfMemoryError as error:
         _allocation_failed(_nbytes(x.shape, x.dtype), error)
     if _poison:
-        out.fill_(float("nan") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min)
+        _fill_poison(out)
     return out
 
 
@@ -127,10 +131,10 @@ def _requested_bytes(error: BaseException) -> Optional[int]:
 
 def free_caches() -> None:
     """Drop everything opforge caches (compiled-kernel handles, plans, selections, problems) and
-    torch's cached, unused GPU blocks."""
-    from . import lru, plans
+    torch's cached, unused GPU blocks. Every one of them is a ``runtime.lru.LRU`` (the launch
+    plans' caches too), so one ``lru.clear_all()`` empties them."""
+    from . import lru
     lru.clear_all()
-    plans.clear_all()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 

@@ -186,11 +186,11 @@ def compiled(name: Optional[str], fake: Optional[Callable[..., Any]], mutates: S
         opforge.runtime.compile_support.InferenceOnlyError: opforge.doctest_twice is inference-only ...
     """
     def decorate(fn: F) -> F:
-        op = None if fake is None else library_op(name or fn.__name__, fn, fake, mutates, grad_check)
+        name_ = name or fn.__name__
+        op = None if fake is None else library_op(name_, fn, fake, mutates, grad_check)
         target = route if route is not None else op
         if target is None:
             raise ValueError("compiled: give a fake, a route, or both")
-        name_ = name or fn.__name__
         if grad_check:
             @functools.wraps(fn)
             def public(*args: Any, **kwargs: Any) -> Any:

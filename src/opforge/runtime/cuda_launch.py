@@ -112,8 +112,9 @@ def launcher_for(compiled: Any, launch: Optional[Callable[..., int]] = None) -> 
         return None
     slots = [(_CTYPES.get(ty, ctypes.c_uint64))() for _, ty in layout] + [ctypes.c_uint64(0), ctypes.c_uint64(0)]
     params = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(s) for s in slots])
-    varying = [(pos, slots[k]) for k, (pos, ty) in enumerate(layout) if ty.startswith("*") or ty.startswith("f")]
-    fixed = [(pos, slots[k]) for k, (pos, ty) in enumerate(layout) if not (ty.startswith("*") or ty.startswith("f"))]
+    varying, fixed = [], []  # pointers and floats change per call; a plan's integers do not
+    for (pos, ty), slot in zip(layout, slots):
+        (varying if ty.startswith(("*", "f")) else fixed).append((pos, slot))
     function = compiled.function
     threads = 32 * md.num_warps
     shared = md.shared

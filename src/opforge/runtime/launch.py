@@ -101,7 +101,6 @@ class TritonLauncher:
         self.interpreted = params is None or triton_interpreting()
         self._constexpr = tuple(bool(p.is_constexpr) for p in params) if params is not None else ()
         self._compiled: LRU[tuple, Any] = LRU(256, "launch.compiled")  # binaries per specialization key
-        self._kernels: LRU[tuple, Any] = LRU(256, "launch.kernels")  # Triton's compiled kernel per key (cuda_launch)
         self._generic_of: LRU[tuple, tuple] = LRU(4096, "launch.keys_checked")
         self._hooks: Any = None
         self._stream = _raw_stream_getter()
@@ -137,7 +136,6 @@ class TritonLauncher:
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
-            self._kernels[key] = compiled
             self._compiled[key] = self._prepare(compiled, args)
             return
         if compiled is False or _hook_active(self._hooks.launch_enter_hook) \
@@ -145,7 +143,7 @@ class TritonLauncher:
             # this Triton's binaries cannot be launched directly, or a profiler wants launch metadata
             self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             return
-        function, packed, run, tensor_positions = compiled
+        function, packed, run, tensor_positions, _ = compiled
         # Raw addresses: Triton's launcher would otherwise call data_ptr() and query the driver
         # about every pointer (cuPointerGetAttribute); the op has already checked the devices.
         flat = list(args)
@@ -168,7 +166,7 @@ class TritonLauncher:
         compiled = self._compiled.get(key)
         if not compiled or not self._direct_ok(device_index):
             return False
-        function, packed, run, _ = compiled
+        function, packed, run, _, _ = compiled
         run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
             self._stream(device_index), function, packed, None, None, None, *raw_args)
         self.fast_path = True
@@ -185,10 +183,10 @@ class TritonLauncher:
         compiled = self._compiled.get(key)
         if not compiled:
             return None
-        function, packed, run, _ = compiled
+        function, packed, run, _, kernel = compiled
         direct_ok, stream = self._direct_ok, self._stream
         if cuda_launch.enabled():  # experimental, off by default, unmeasured
-            driver_go = cuda_launch.launcher_for(self._kernels.get(key))
+            driver_go = cuda_launch.launcher_for(kernel)
             if driver_go is not None:
                 def go_driver(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
                     if not direct_ok(device_index):
@@ -211,13 +209,14 @@ class TritonLauncher:
             and not _hook_active(self._hooks.launch_exit_hook)
 
     def _prepare(self, compiled: Any, args: Sequence[Any]) -> Any:
-        """Keep what a direct launch needs, or False where this Triton lacks the pieces."""
+        """Keep what a direct launch needs (and the compiled kernel itself, for ``cuda_launch``), or
+        False where this Triton lacks the pieces."""
         try:
             from triton import knobs
 
             self._hooks = knobs.runtime
             tensor_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-            return (compiled.function, compiled.packed_metadata, compiled.run, tensor_positions)
+            return (compiled.function, compiled.packed_metadata, compiled.run, tensor_positions, compiled)
         except (ImportError, AttributeError):
             return False
 

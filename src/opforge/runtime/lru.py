@@ -7,8 +7,8 @@ entries beyond ``maxsize``. Every LRU registers itself, so ``clear_all()`` (call
 memory) empties them all.
 
 Sizes (entries): selection choices 4096 (registry), interned problems 4096 per family,
-Triton binaries 256 per kernel (launch), fused kernel modules 256 (fusion.cache), Metal
-libraries 64 (runtime.metal).
+Triton binaries 256 per kernel (launch), launch plans 1024 per family (runtime.plans), fused
+kernel modules 256 (fusion.cache), Metal libraries 64 (runtime.metal).
 """
 from __future__ import annotations
 
@@ -61,8 +61,7 @@ class LRU(Generic[K, V]):
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
+            self._trim()
 
     __setitem__ = put
 
@@ -80,9 +79,13 @@ class LRU(Generic[K, V]):
                 self._data.move_to_end(key)
                 return existing
             self._data[key] = value
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
+            self._trim()
             return value
+
+    def _trim(self) -> None:
+        """Drop the least recently used entries beyond ``maxsize`` (the caller holds the lock)."""
+        while len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
 
     def get_or_build(self, key: K, build: Callable[[], V]) -> V:
         """The cached value, or ``build()`` stored; ``build`` runs outside the lock (two threads
@@ -106,14 +109,6 @@ class LRU(Generic[K, V]):
     def keys(self) -> list:
         with self._lock:
             return list(self._data)
-
-    def values(self) -> list:
-        with self._lock:
-            return list(self._data.values())
-
-    def items(self) -> list:
-        with self._lock:
-            return list(self._data.items())
 
     def clear(self) -> None:
         with self._lock:

@@ -25,11 +25,10 @@ is kept, and both plans launch the same compiled binary with the same constant a
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from typing import Any, Callable, Hashable, Optional
 
 from . import policy, trace
+from .lru import LRU
 
 Plan = Callable[..., Any]
 
@@ -68,9 +67,9 @@ class PlanCache:
     """
 
     def __init__(self, limit: int = PLAN_CACHE_SIZE):
-        self._plans: OrderedDict[Hashable, tuple[str, Plan]] = OrderedDict()
-        self._limit = max(1, limit)
-        self._lock = threading.Lock()
+        self._lru: LRU[Hashable, tuple[str, Plan]] = LRU(max(1, limit), "plans")
+        # ``get`` reads the LRU's mapping itself: one Python call fewer on the planned hot path
+        self._plans = self._lru._data
         _caches.append(self)
 
     def get(self, signature: Hashable) -> Optional[Plan]:
@@ -92,11 +91,7 @@ class PlanCache:
         not one a plan can repeat), dropping the least recently used plan beyond the limit."""
         if signature is None or not _enabled:
             return
-        with self._lock:
-            self._plans[signature] = (backend, plan)
-            self._plans.move_to_end(signature)
-            while len(self._plans) > self._limit:
-                self._plans.popitem(last=False)
+        self._lru.put(signature, (backend, plan))
 
     def __contains__(self, signature: Hashable) -> bool:
         return signature in self._plans
@@ -105,8 +100,7 @@ class PlanCache:
         return len(self._plans)
 
     def clear(self) -> None:
-        with self._lock:
-            self._plans.clear()
+        self._lru.clear()
 
 
 def enabled() -> bool:

@@ -17,11 +17,7 @@ CALLS = [("gelu", "none"), ("gelu", "tanh"), ("silu", None), ("relu", None), ("s
          ("geglu", "none"), ("geglu", "tanh")]
 
 
-@pytest.fixture(autouse=True)
-def plans_on():
-    previous = plans.set_enabled(True)
-    yield
-    plans.set_enabled(previous)
+pytestmark = pytest.mark.usefixtures("plans_on")  # tests/conftest.py
 
 
 def _call(op, approximate, x, up):

@@ -17,11 +17,7 @@ needs_gpu = pytest.mark.skipif(not ON_GPU or plans._CHECKING_KEYS,
 needs_plans = pytest.mark.skipif(plans._CHECKING_KEYS, reason="OPFORGE_CHECK_LAUNCH_KEYS turns plans off")
 
 
-@pytest.fixture(autouse=True)
-def plans_on():
-    previous = plans.set_enabled(True)
-    yield
-    plans.set_enabled(previous)
+pytestmark = pytest.mark.usefixtures("plans_on")  # tests/conftest.py
 
 
 def test_signature_only_for_packed_tensors():

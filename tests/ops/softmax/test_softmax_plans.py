@@ -16,11 +16,7 @@ cpu_seams = pytest.mark.skipif(ON_GPU or plans._CHECKING_KEYS,
                                       "tests check real launches")
 
 
-@pytest.fixture(autouse=True)
-def plans_on():
-    previous = plans.set_enabled(True)
-    yield
-    plans.set_enabled(previous)
+pytestmark = pytest.mark.usefixtures("plans_on")  # tests/conftest.py
 
 
 def _reference(op, x):
