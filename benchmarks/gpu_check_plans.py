@@ -257,7 +257,7 @@ def main() -> None:
         compiled = [v for v in smk._tile._compiled.values() if v]
         c_direct = bool(compiled) and launch.c_launch(compiled[0][2]) is not None
         if args.cuda_launch:
-            kernels = list(smk._tile._kernels.values())
+            kernels = [v[4] for v in compiled]   # the prepared tuple keeps Triton's compiled kernel last
             result["cuda_launch_applies"] = bool(kernels) and cuda_launch.launcher_for(kernels[0]) is not None
             print(f"cuda_launch applies to softmax's tile kernel: {result['cuda_launch_applies']}")
     except Exception:  # noqa: BLE001

@@ -99,6 +99,14 @@ class LRU(Generic[K, V]):
         with self._lock:
             return self._data.pop(key, default)
 
+    def values(self) -> list:
+        with self._lock:
+            return list(self._data.values())
+
+    def items(self) -> list:
+        with self._lock:
+            return list(self._data.items())
+
     def __contains__(self, key: object) -> bool:
         with self._lock:
             return key in self._data
