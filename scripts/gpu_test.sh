@@ -5,25 +5,27 @@
 #      (OPFORGE_CHECK_LAUNCH_KEYS=1)
 #   2. the tests that launch kernels (tests/ops, tests/runtime, tests/hardening, tests/models) as
 #      users get them: the default launch paths (plans on unless OPFORGE_PLANS=0), no key check
-# then `opforge verify` (every op, every backend here, vs float64).
+# and, beside them, `opforge verify` (every op, every backend here, vs float64).
 # Emulator-only tests (marker `emulator`: tests/metal, tests/fusion/test_metal_emulated.py) are
 # left out: they run the MSL emulator on the CPU, which a GPU does not change; CI runs them.
 #
 # On a cold Triton cache the time goes to compiling kernels (CPU work), so each pass runs its test
-# files in GPU_TEST_SHARDS pytest processes at once (default 6; files dealt out by size) on the one
+# files in GPU_TEST_SHARDS pytest processes at once (default 12; files dealt out by size) on the one
 # GPU; the tests that fill GPU memory or count it (out of memory, soak, threads) run alone after.
+# A pass that runs out of time is interrupted (SIGINT), so pytest still prints which tests failed.
 # Uses the python3 that has torch with CUDA (no venv: the GPU machine's own torch and triton).
-#   bash scripts/gpu_test.sh            # logs to $OUT (or ./gpu-test-logs)
+#   bash scripts/gpu_test.sh   # summary on stdout; every log in $OUT/gpu_test_logs.tar.gz
+#                              # (or ./gpu-test-logs/ without $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOGS="${OUT:-$PWD/gpu-test-logs}"
+if [ -n "${OUT:-}" ]; then LOGS="$(mktemp -d)"; else LOGS="$PWD/gpu-test-logs"; fi
 mkdir -p "$LOGS"
 PY="${PYTHON:-python3}"
-SHARDS="${GPU_TEST_SHARDS:-6}"
+SHARDS="${GPU_TEST_SHARDS:-12}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c "import torch, triton, sys; assert torch.cuda.is_available(), 'no CUDA GPU here';
 print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" || exit 2
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE -m "not emulator")
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8 -m "not emulator")
 ALONE=(tests/hardening/test_out_of_memory.py tests/hardening/test_soak_and_threads.py)
 
 # shard_files DIR... : print SHARDS lines, each a space-separated list of test files (largest first,
@@ -50,21 +52,22 @@ for files_of_shard in out:
 EOF
 }
 
-# run_pass NAME SECONDS DIR... : the sharded run, then the ALONE files; exit status 0 only if all passed.
+# run_pass NAME SECONDS ALONE_SECONDS DIR... : the sharded run, then the ALONE files; exit status 0
+# only if all passed.
 run_pass() {
-  local name=$1 seconds=$2; shift 2
+  local name=$1 seconds=$2 alone_seconds=$3; shift 3
   local i=0 pids=() rc=0
   while IFS= read -r files; do
     [ -z "$files" ] && continue
     # shellcheck disable=SC2086
-    timeout -k 5 "$seconds" "${PYTEST[@]}" $files > "$LOGS/${name}_shard$i.log" 2>&1 &
+    timeout -s INT -k 20 "$seconds" "${PYTEST[@]}" $files > "$LOGS/${name}_shard$i.log" 2>&1 &
     pids+=($!); i=$((i + 1))
   done < <(shard_files "$@")
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   local alone=()
   for f in "${ALONE[@]}"; do for d in "$@"; do [[ $f == $d/* ]] && alone+=("$f"); done; done
   if [ ${#alone[@]} -gt 0 ]; then
-    timeout -k 5 "$seconds" "${PYTEST[@]}" "${alone[@]}" > "$LOGS/${name}_alone.log" 2>&1 || rc=1
+    timeout -s INT -k 20 "$alone_seconds" "${PYTEST[@]}" "${alone[@]}" > "$LOGS/${name}_alone.log" 2>&1 || rc=1
   fi
   for log in "$LOGS/${name}"_*.log; do echo "  $(basename "$log"): $(tail -n 1 "$log")"; done
   return $rc
@@ -72,13 +75,17 @@ run_pass() {
 
 status=0
 start=$SECONDS
+# verify runs beside pass 1 (its own process; the GPU has room for both)
+timeout -s INT -k 10 300 "$PY" -m opforge verify > "$LOGS/verify.log" 2>&1 &
+verify_pid=$!
 echo "pass 1 (plans off, launch keys checked):"
-OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 240 tests || status=1
+OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 230 90 tests || status=1
 echo "pass 2 (default launch paths):"
-run_pass default 150 tests/ops tests/runtime tests/hardening tests/models || status=1
-timeout -k 5 120 "$PY" -m opforge verify > "$LOGS/verify.log" 2>&1
+run_pass default 120 60 tests/ops tests/runtime tests/hardening tests/models || status=1
+wait $verify_pid
 rc=$?; [ $rc -ne 0 ] && status=1
 echo "opforge verify: exit $rc  $(tail -n 1 "$LOGS/verify.log")"
 grep -h "^FAILED\|^ERROR" "$LOGS"/*.log | sort -u | head -60
+if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_test_logs.tar.gz" -C "$LOGS" .; fi
 echo "gpu_test.sh: $((SECONDS - start)) s, $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
 exit $status
