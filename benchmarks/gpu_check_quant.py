@@ -416,7 +416,7 @@ def launch_choice(x: torch.Tensor, qw: opforge.QuantizedWeight, variant: str) ->
     tiles = qtk.cdiv(p.m, cfg[0]) * qtk.cdiv(p.n, cfg[1])
     cap = min(qtk.MAX_SPLIT, max(1, qw.nbytes // (2 * 8 * p.m * p.n)))
     split = qtk._split(tiles, p.k, cfg[2], x.device, qtk.PROGRAMS_PER_SM, cap)[0]
-    return dict(variant=variant, config=list(cfg), split=split, fixup=bool(split > 1 and qtk.split_fixup(cfg)))
+    return dict(variant=variant, config=list(cfg), split=split, fixup=bool(split > 1 and qtk.split_fixup(cfg, p.bits)))
 
 
 def choice_text(c: dict) -> str:

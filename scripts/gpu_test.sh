@@ -5,7 +5,7 @@
 #      (OPFORGE_CHECK_LAUNCH_KEYS=1)
 #   2. the tests that launch kernels (tests/ops, tests/runtime, tests/hardening, tests/models) as
 #      users get them: the default launch paths (plans on unless OPFORGE_PLANS=0), no key check
-# and, beside them, `opforge verify` (every op, every backend here, vs float64).
+# and, beside pass 2, `opforge verify` (every op, every backend here, vs float64).
 # Emulator-only tests (marker `emulator`: tests/metal, tests/fusion/test_metal_emulated.py) are
 # left out: they run the MSL emulator on the CPU, which a GPU does not change; CI runs them.
 #
@@ -25,8 +25,9 @@ SHARDS="${GPU_TEST_SHARDS:-12}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c "import torch, triton, sys; assert torch.cuda.is_available(), 'no CUDA GPU here';
 print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" || exit 2
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8 -m "not emulator")
-ALONE=(tests/hardening/test_out_of_memory.py tests/hardening/test_soak_and_threads.py)
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --durations=0 --durations-min=0.5 -m "not emulator")
+# the out-of-memory test last: it fills the GPU, and a failure there must not starve the others
+ALONE=(tests/hardening/test_soak_and_threads.py tests/hardening/test_out_of_memory.py)
 
 # shard_files DIR... : print SHARDS lines, each a space-separated list of test files (largest first,
 # each to the lightest shard), leaving out the emulator-only folders and the ALONE files.
@@ -64,6 +65,9 @@ run_pass() {
     pids+=($!); i=$((i + 1))
   done < <(shard_files "$@")
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  if [ -n "${verify_pid:-}" ]; then  # verify ends before the tests that fill GPU memory start
+    wait "$verify_pid"; verify_rc=$?; verify_pid=
+  fi
   local alone=()
   for f in "${ALONE[@]}"; do for d in "$@"; do [[ $f == $d/* ]] && alone+=("$f"); done; done
   if [ ${#alone[@]} -gt 0 ]; then
@@ -75,16 +79,16 @@ run_pass() {
 
 status=0
 start=$SECONDS
-# verify runs beside pass 1 (its own process; the GPU has room for both)
-timeout -s INT -k 10 300 "$PY" -m opforge verify > "$LOGS/verify.log" 2>&1 &
-verify_pid=$!
 echo "pass 1 (plans off, launch keys checked):"
 OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 230 90 tests || status=1
+# verify runs beside pass 2's shards (its own process; the Triton cache is warm by now), not beside
+# the out-of-memory test, which fills the GPU
+OPFORGE_VERIFY_PROGRESS=1 timeout -s INT -k 10 200 "$PY" -m opforge verify > "$LOGS/verify.log" 2>&1 &
+verify_pid=$! verify_rc=
 echo "pass 2 (default launch paths):"
 run_pass default 120 60 tests/ops tests/runtime tests/hardening tests/models || status=1
-wait $verify_pid
-rc=$?; [ $rc -ne 0 ] && status=1
-echo "opforge verify: exit $rc  $(tail -n 1 "$LOGS/verify.log")"
+[ "$verify_rc" != 0 ] && status=1
+echo "opforge verify: exit $verify_rc  $(tail -n 1 "$LOGS/verify.log")"
 grep -h "^FAILED\|^ERROR" "$LOGS"/*.log | sort -u | head -60
 if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_test_logs.tar.gz" -C "$LOGS" .; fi
 echo "gpu_test.sh: $((SECONDS - start)) s, $([ $status -eq 0 ] && echo PASSED || echo FAILED)"

@@ -107,7 +107,10 @@ def _run_verify(ops: Optional[Sequence[str]], quick: bool) -> int:
     rows, failures = [], 0
     start = time.perf_counter()
     torch.manual_seed(0)
+    progress = os.environ.get("OPFORGE_VERIFY_PROGRESS", "") not in ("", "0")  # set by scripts/gpu_test.sh
     for family in _families():
+        if progress:
+            print(f"verify: {family.__name__} from {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         for case in family.verify_cases(device_type, quick):
             if ops and case.op not in ops:
                 continue

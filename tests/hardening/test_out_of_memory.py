@@ -96,3 +96,31 @@ def test_a_really_full_gpu_gives_opforges_error_and_recovers():
         del hog
         torch.cuda.empty_cache()
     assert rel_error(opforge.softmax(x), reference) < 2e-3
+
+
+def _plan_out_of_memory(*args):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB (from a launch plan)")
+
+
+@pytest.mark.usefixtures("plans_on")
+def test_a_launch_plan_out_of_memory_goes_through_the_general_path():
+    """A plan allocates its output itself: when that runs out of memory the call takes the general
+    path, which retries after freeing and names the op (a GPU run found the plan's torch error
+    escaping bare)."""
+    from opforge.ops.activation.problem import PLANS as ACT_PLANS, signature as act_signature
+    from opforge.ops.norm.problem import PLANS as NORM_PLANS, signature as norm_signature
+    from opforge.ops.softmax.problem import PLANS as SOFTMAX_PLANS, signature as softmax_signature
+
+    x, up, w = torch.randn(3, 40), torch.randn(3, 40), torch.randn(40)
+    SOFTMAX_PLANS.offer(softmax_signature("softmax", x, -1), _plan_out_of_memory, "triton")
+    NORM_PLANS.offer(norm_signature("rms_norm", x, None, w, None), _plan_out_of_memory, "triton")
+    ACT_PLANS.offer(act_signature("swiglu", x, up, "none"), _plan_out_of_memory, "triton")
+    try:
+        assert rel_error(opforge.softmax(x), torch.softmax(x.double(), -1)) < 1e-6
+        reference = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        assert rel_error(opforge.rms_norm(x, w), reference) < 1e-6
+        swiglu = torch.nn.functional.silu(x.double()) * up.double()
+        assert rel_error(opforge.swiglu(x, up), swiglu) < 1e-6
+    finally:
+        for cache in (SOFTMAX_PLANS, NORM_PLANS, ACT_PLANS):
+            cache.clear()

@@ -49,12 +49,17 @@ def test_nested_traces_both_record():
 
 
 class FakeParam:
-    def __init__(self, constexpr):
+    def __init__(self, constexpr, do_not_specialize=False):
         self.is_constexpr = constexpr
+        self.do_not_specialize = do_not_specialize
 
 
 class FakeKernel:
     params = [FakeParam(False), FakeParam(False), FakeParam(False), FakeParam(True)]
+
+
+class FakeKernelWithUnspecializedInt:
+    params = [FakeParam(False), FakeParam(False, do_not_specialize=True), FakeParam(True)]
 
 
 def test_generic_key_follows_triton_specialization():
@@ -69,6 +74,26 @@ def test_generic_key_follows_triton_specialization():
     assert k(base, 32, 1e-5, 128) != k(base[1:], 32, 1e-5, 128)   # pointer alignment
     assert k(base, 32, 1e-5, 128) != k(base.half(), 32, 1e-5, 128)  # dtype
     assert k(base, 32, 1e-5, 128) != k(base, 32, 1e-5, 256)       # constexpr by value
+
+
+def test_generic_key_ignores_what_triton_does_not_specialize():
+    """do_not_specialize integers keep only their type (a GPU run with keys checked found the norm
+    kernels' ``rows`` keyed by divisibility, which Triton ignores there)."""
+    launcher = launch.TritonLauncher(FakeKernelWithUnspecializedInt())
+    base = torch.zeros(64)
+    k = lambda t, rows: launcher._key((t, rows, 128), 4, 2)  # noqa: E731
+    assert k(base, 64) == k(base, 7) == k(base, 1)
+    assert k(base, 64) != k(base, 2**40)  # int32 or int64 is still Triton's choice
+
+
+def test_generic_key_reads_tensor_subclasses_as_tensors():
+    """An nn.Parameter argument is keyed by dtype and alignment like any tensor, never by itself
+    (a key holding the tensor kept it alive, and comparing two keys raised)."""
+    launcher = launch.TritonLauncher(FakeKernel())
+    w = torch.nn.Parameter(torch.zeros(64))
+    key = launcher._key((w, 32, 1e-5, 128), 4, 2)
+    assert key == launcher._key((torch.zeros(64), 32, 1e-5, 128), 4, 2)
+    assert not any(isinstance(part, torch.Tensor) for part in key)
 
 
 def test_hook_chains():

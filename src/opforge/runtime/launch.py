@@ -69,7 +69,13 @@ def _spec_int(v: int) -> tuple:
     return (v == 1, v & 15 == 0, _I32_MIN <= v <= _I32_MAX)
 
 
+def _spec_unspecialized(v: Any) -> Any:
+    return ("n", _I32_MIN <= v <= _I32_MAX) if type(v) is int else _SPEC.get(type(v), _spec_other)(v)
+
+
 def _spec_other(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):  # a subclass (nn.Parameter): never the tensor itself in a key
+        return _spec_tensor(v)
     return type(v) if isinstance(v, float) else v
 
 
@@ -100,6 +106,9 @@ class TritonLauncher:
         # Under TRITON_INTERPRET=1 the decorator returns an interpreted function: no params, no binary.
         self.interpreted = params is None or triton_interpreting()
         self._constexpr = tuple(bool(p.is_constexpr) for p in params) if params is not None else ()
+        # do_not_specialize integers: Triton keeps only their type (int32 or int64), not ==1 or %16
+        self._unspecialized = tuple(bool(getattr(p, "do_not_specialize", False)) and not p.is_constexpr
+                                    for p in params) if params is not None else ()
         self._compiled: LRU[tuple, Any] = LRU(256, "launch.compiled")  # binaries per specialization key
         self._generic_of: LRU[tuple, tuple] = LRU(4096, "launch.keys_checked")
         self._hooks: Any = None
@@ -109,7 +118,8 @@ class TritonLauncher:
     def _key(self, args: Sequence[Any], num_warps: int, num_stages: int) -> tuple:
         spec = _SPEC
         return (num_warps, num_stages, args[0].device.index) + tuple(
-            a if c else spec.get(type(a), _spec_other)(a) for a, c in zip(args, self._constexpr))  # constexprs by value
+            a if c else _spec_unspecialized(a) if u else spec.get(type(a), _spec_other)(a)  # constexprs by value
+            for a, c, u in zip(args, self._constexpr, self._unspecialized))
 
     def __call__(self, grid: tuple, args: Sequence[Any], num_warps: int = 4, num_stages: int = 2,
                  key: Optional[tuple] = None) -> None:
@@ -132,7 +142,8 @@ class TritonLauncher:
             if key is None:
                 key = generic
             elif self._generic_of.setdefault(key, generic) != generic:
-                raise AssertionError(f"launch key {key} stands for two specializations")
+                raise AssertionError(f"launch key {key} stands for two specializations: "
+                                     f"{self._generic_of.get(key)} and {generic}")
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)

@@ -230,11 +230,11 @@ def test_gemv_kernel_with_several_rows(bits, group_size, symmetric, m, block_m):
 
 
 #: (bits, M) -> (BLOCK_N, BLOCK_K, use_dot, fixup) at N=40, K=2048, g128: main's defaults (measured
-#: end to end on the H100) and the round-3 sweep's choices under OPFORGE_QUANT_TUNED=1.
+#: end to end on the H100; OPFORGE_QUANT_TUNED=0) and the round-3 sweep's (the default since session 4).
 DEFAULT_CHOICES = {(4, 1): (128, 128, False, False), (4, 4): (128, 128, False, False), (8, 2): (64, 128, False, False),
                    (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
                    (4, 40): (64, 64, True, False), (8, 40): (64, 64, True, False)}
-TUNED_CHOICES = {(4, 1): (128, 128, False, True), (4, 4): (128, 128, False, True), (8, 2): (64, 128, False, True),
+TUNED_CHOICES = {(4, 1): (128, 128, False, True), (4, 4): (128, 128, False, True), (8, 2): (64, 128, False, False),
                  (4, 8): (128, 128, True, False), (4, 16): (128, 128, True, False), (8, 16): (64, 128, True, False),
                  (4, 40): (64, 128, True, False), (8, 40): (64, 64, True, False)}
 
@@ -255,7 +255,7 @@ def test_default_launch_choices_per_row_bucket(monkeypatch, tuned, bits, m):
     bias = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
     call = problem.prepare(x, qw, bias)
     cfg = tk.tile_config(call.problem)
-    assert cfg[1:4] == (block_n, block_k, use_dot) and tk.split_fixup(cfg) is fixup
+    assert cfg[1:4] == (block_n, block_k, use_dot) and tk.split_fixup(cfg, bits) is fixup
     assert tk._split(tk.cdiv(m, cfg[0]) * tk.cdiv(n, cfg[1]), k, cfg[2], x.device, tk.PROGRAMS_PER_SM)[0] > 1
     with opforge.runtime.alloc.poisoned_outputs():
         y = tk.launch(call)
@@ -281,8 +281,9 @@ MAIN_TILES = {
 
 
 def test_default_choices_are_mains(monkeypatch):
-    """With OPFORGE_QUANT_TUNED unset every launch choice is main's: tiles, no in-kernel split
-    reduction, dequant+cuBLAS from 1024 rows; the tuned setting changes exactly the swept ones."""
+    """With OPFORGE_QUANT_TUNED=0 every launch choice is main's before session 4: tiles, no
+    in-kernel split reduction, dequant+cuBLAS from 1024 rows; the tuned setting (the default)
+    changes exactly the swept ones."""
     from opforge.ops.quant import problem
     from opforge.ops.quant.problem import LinearProblem
 
@@ -297,13 +298,15 @@ def test_default_choices_are_mains(monkeypatch):
     monkeypatch.setattr(problem, "TUNED", True)
     changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
     assert changed == {(4, 128, 5), (4, 128, 16), (4, 128, 33), (4, 128, 64), (4, -1, 16), (4, -1, 64)}
-    assert [tk.split_fixup(MAIN_TILES[key]) for key in ((4, 128, 1), (8, 128, 2), (4, 128, 16))] == [True, True, False]
+    assert [tk.split_fixup(MAIN_TILES[key], key[0]) for key in ((4, 128, 1), (8, 128, 2), (4, 128, 16))] == \
+        [True, False, False]
     assert problem.dequant_gemm_min_m() == 256
     assert [prob(4, 128, m).large for m in (255, 256)] == [False, True]
 
 
 def test_tuned_setting_is_read_from_the_environment():
-    """OPFORGE_QUANT_TUNED=1 at import turns the tuned choices on (a fresh interpreter)."""
+    """OPFORGE_QUANT_TUNED at import: unset or 1 the tuned choices, 0 the earlier ones (a fresh
+    interpreter each)."""
     import os
     import subprocess
     import sys
@@ -311,8 +314,10 @@ def test_tuned_setting_is_read_from_the_environment():
             "p = problem.LinearProblem(torch.bfloat16, 16, 4096, 4096, 4, 128, False, False, 'cuda'); "
             "print(problem.TUNED, problem.dequant_gemm_min_m(), tk.tile_config(p)[1])")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    for value, want in (("1", "True 256 128"), ("0", "False 1024 64")):
-        env["OPFORGE_QUANT_TUNED"] = value
+    for value, want in ((None, "True 256 128"), ("1", "True 256 128"), ("0", "False 1024 64")):
+        env.pop("OPFORGE_QUANT_TUNED", None)
+        if value is not None:
+            env["OPFORGE_QUANT_TUNED"] = value
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.split("\n")[-2] == want, out.stderr[-2000:]
 

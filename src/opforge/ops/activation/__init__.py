@@ -49,7 +49,10 @@ def _run(op: str, x: torch.Tensor, up: Optional[torch.Tensor], approximate: Opti
         sig = signature(op, x, up, approximate)
         plan = PLANS.get(sig)
         if plan is not None:
-            out = plan(x, up)
+            try:
+                out = plan(x, up)
+            except torch.OutOfMemoryError:  # the general path retries after freeing, or names the op
+                out = None
             if out is not None:
                 return out
     call = prepare(op, x, up, approximate)

@@ -49,7 +49,10 @@ def _run(op: str, x, residual, weight, bias, eps):
         sig = signature(op, x, residual, weight, bias)
         plan = PLANS.get(sig)
         if plan is not None:
-            out = plan(x, residual, weight, bias, eps)
+            try:
+                out = plan(x, residual, weight, bias, eps)
+            except torch.OutOfMemoryError:  # the general path retries after freeing, or names the op
+                out = None
             if out is not None:
                 return out
     call = prepare(op, x, residual, weight, bias, eps)

@@ -14,18 +14,18 @@ Storage (what the kernels read; ``from_codes``/``dequantize`` hide it):
 The kernels never round a dequantized weight to 16 bits: per group they compute
 ``scale * (sum_k x*code - zero * sum_k x)`` with the integer codes (exact in fp16/bf16) as the
 tensor-core operand, so the result is what the QuantizedWeight represents up to float32
-accumulation (the ``dequant_gemm`` variant, for M >= 1024 rows, rounds the dequantized weight
+accumulation (the ``dequant_gemm`` variant, for M >= 256 rows, rounds the dequantized weight
 to x's dtype and lets cuBLAS multiply). Every call validates its arguments, selects a variant (Triton on CUDA, Metal
 ``qmv``/``qmm`` on MPS (``opforge.ops.quant.metal``, verified by emulation only), the torch path elsewhere), runs it and, inside ``opforge.trace()``,
 records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend.
 
-Launch choices (tiles, K splits, variant thresholds) are by default the ones measured end to end
-on GPUs so far. ``OPFORGE_QUANT_TUNED=1`` in the environment (read once, when this family is
-imported; ``opforge.ops.quant.problem.TUNED``) selects the round-3 H100 sweep's choices instead,
-which no end-to-end run has measured yet: the in-kernel split reduction for the GEMV kernel (M <= 4,
-int8 M <= 2), int4 tiles of 128 features for M 5..16 and BLOCK_K 128 for M 33..64, and the
-``dequant_gemm`` variant from M >= 256 rows instead of 1024. Results are the same up to float32
-summation order either way (benchmarks/gpu_check_quant.py --tuned times both settings).
+Launch choices (tiles, K splits, variant thresholds) are by default the round-3 H100 sweep's,
+measured end to end in session 4 (``benchmarks/gpu_check_quant.py --tuned``): the in-kernel split
+reduction for the int4 GEMV kernel (M <= 4), int4 tiles of 128 features for M 5..16 and BLOCK_K
+128 for M 33..64, and the ``dequant_gemm`` variant from M >= 256 rows. ``OPFORGE_QUANT_TUNED=0``
+in the environment (read once, when this family is imported; ``opforge.ops.quant.problem.TUNED``)
+restores the earlier choices (combine kernel, 64-feature tiles, ``dequant_gemm`` from 1024 rows).
+Results are the same up to float32 summation order either way.
 """
 from __future__ import annotations
 

@@ -14,19 +14,20 @@ from .weight import QuantizedWeight
 OPS = ("linear",)
 #: Up to this many rows of x, the decode variant runs (all rows share each weight load).
 DECODE_MAX_M = 16
-#: Whether the launch choices of the round-3 H100 sweep apply (``OPFORGE_QUANT_TUNED=1``, read
-#: once at import; see the family's docstring). Off by default: they were chosen from a sweep of
-#: single launch configs but never measured end to end, so the defaults stay the measured ones.
+#: Whether the launch choices of the round-3 H100 sweep apply (on unless ``OPFORGE_QUANT_TUNED=0``,
+#: read once at import; see the family's docstring). Measured end to end in session 4
+#: (``gpu_check_quant.py --tuned``, benchmarks/results/h100/session4): on the GPU-bound shapes
+#: int4 M=16 1.37x, M=64 1.06-1.13x, M=256 1.65-1.84x, int8 M=256 1.06-1.22x, M=1 equal.
 #: The kernels read this module attribute at every call (tests and benchmarks flip it).
-TUNED: bool = os.environ.get("OPFORGE_QUANT_TUNED", "") not in ("", "0")
+TUNED: bool = os.environ.get("OPFORGE_QUANT_TUNED", "1") not in ("", "0")
 #: From this many rows on, the weight is dequantized to x's dtype and cuBLAS multiplies (the
 #: ``dequant_gemm`` variant): the dequantization costs one pass over N*K, small next to an
-#: M*N*K GEMM this large. None turns it off. The default (the one every GPU run so far used) ...
+#: M*N*K GEMM this large. None turns it off. With ``OPFORGE_QUANT_TUNED=0`` ...
 DEQUANT_GEMM_MIN_M: "Optional[int]" = 1024
 #: ... and the threshold under ``TUNED``. H100 sweep (round 3, int4 g128,
 #: benchmarks/gpu_check_quant.py --sweep): at M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM
-#: 112.9 (4096x4096), 439.6 vs 802.1 (28672x8192); M=64 stays on the Triton GEMM. Unmeasured
-#: end to end (``gpu_check_quant.py --tuned`` times both settings).
+#: 112.9 (4096x4096), 439.6 vs 802.1 (28672x8192); M=64 stays on the Triton GEMM. End to end
+#: (session 4): M=256 int4 1.41-3.09x, int8 1.04-1.27x the Triton GEMM.
 DEQUANT_GEMM_MIN_M_TUNED: "Optional[int]" = 256
 
 

@@ -22,15 +22,16 @@ Two kernels behind two variants, chosen by the number of rows M of x:
 
 The GEMV and dot kernels split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
 split writes float32 partials to a workspace (split, M, N); a tiny second kernel or, with
-``fixup`` (by default only under ``problem.TUNED``, GEMV kernel), the last split of each tile adds
+``fixup`` (under ``problem.TUNED``, the default: the int4 GEMV kernel), the last split of each tile adds
 them in split order, adds the bias and casts (deterministic either way, and bitwise the same; no
 atomics on the data).
 
-Launch choices: by default those every GPU run so far measured. With ``OPFORGE_QUANT_TUNED=1``
-(``problem.TUNED``) the round-3 H100 sweep's choices apply instead: the in-kernel split
-reduction for the GEMV kernel, int4 tiles (16, 128, 128) for M 5..16 and (64, 64, 128) for
-M 33..64, and dequant+cuBLAS from M = 256. Each won in a sweep of single launch configs; none is
-measured end to end yet (``benchmarks/gpu_check_quant.py --tuned`` times both settings).
+Launch choices: by default (``problem.TUNED``; ``OPFORGE_QUANT_TUNED=0`` turns it off) the
+round-3 H100 sweep's: the in-kernel split reduction for the int4 GEMV kernel, int4 tiles
+(16, 128, 128) for M 5..16 and (64, 64, 128) for M 33..64, and dequant+cuBLAS from M = 256.
+Each won in a sweep of single launch configs and, measured end to end in session 4
+(``benchmarks/gpu_check_quant.py --tuned``), was as fast or faster on the GPU-bound shapes; the
+int8 GEMV kernel's in-kernel reduction measured slower there (0.53-0.99x) and stays off.
 
 Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``. Codes are
 exact in float32 and in 16-bit floats (the dot path keeps an offset on them, 128 or 1024, folded
@@ -67,7 +68,7 @@ GEMV_ROWS = 4
 #: instead of a second combine kernel. Default: off for both kernels.
 SPLIT_FIXUP = False
 #: The same choice per kernel under ``problem.TUNED``. H100 sweep (round 3, int4 g128; single
-#: launch configs, not end to end): on for the GEMV kernel (4096x4096 M=1 18.0 -> 13.1 us, M=4
+#: launch configs): on for the int4 GEMV kernel (int8's measured slower end to end) (4096x4096 M=1 18.0 -> 13.1 us, M=4
 #: 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2, M=4 220.1 -> 210.9), bitwise equal to the combine
 #: kernel; off for the dot kernel (M=8/16: -5% at 4096x4096, +1-2% at 28672x8192). Its tile
 #: counters are per device and stream (``_counters``).
@@ -403,8 +404,8 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     from N alone), BLOCK_K = min(group, 64). More rows: 64- or 128-row tiles, 128 features unless
     N is small, BLOCK_K = min(group, 64).
 
-    Under ``problem.TUNED`` (``OPFORGE_QUANT_TUNED=1``) int4 takes the H100 sweep's best (round 3,
-    4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md; not measured end to end): M 5..16
+    Under ``problem.TUNED`` (the default; ``OPFORGE_QUANT_TUNED=0`` turns it off) int4 takes the
+    H100 sweep's best (round 3, 4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md): M 5..16
     128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept).
 
     Example:
@@ -479,19 +480,22 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     return buf
 
 
-def split_fixup(config: tuple) -> bool:
+def split_fixup(config: tuple, bits: int = 4) -> bool:
     """Whether a ``tile_config`` tuple reduces K splits in the kernel by default: ``SPLIT_FIXUP``,
-    or under ``problem.TUNED`` per kernel (``SPLIT_FIXUP_GEMV`` without dot, ``SPLIT_FIXUP_DOT``
-    with it).
+    or under ``problem.TUNED`` per kernel (``SPLIT_FIXUP_GEMV`` for the int4 GEMV kernel,
+    ``SPLIT_FIXUP_DOT`` with dot; int8's GEMV measured slower with it, session 4).
 
     Example:
         >>> gemv, dot = (1, 128, 128, False, 4, 3), (16, 64, 128, True, 4, 3)
-        >>> (split_fixup(gemv), split_fixup(dot)) == ((True, False) if qproblem.TUNED else (False, False))
+        >>> want = (True, False, False) if qproblem.TUNED else (False, False, False)
+        >>> (split_fixup(gemv), split_fixup(dot), split_fixup(gemv, bits=8)) == want
         True
     """
     if not qproblem.TUNED:
         return SPLIT_FIXUP
-    return SPLIT_FIXUP_DOT if config[3] else SPLIT_FIXUP_GEMV
+    if config[3]:
+        return SPLIT_FIXUP_DOT
+    return SPLIT_FIXUP_GEMV and bits == 4
 
 
 def launch(call: LinearCall) -> torch.Tensor:
@@ -523,7 +527,7 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
-    fixup = split_fixup(config) if fixup is None else fixup
+    fixup = split_fixup(config, p.bits) if fixup is None else fixup
     ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
     counters = _counters(x.device, tiles) if split > 1 and fixup else ws
     if use_dot:
@@ -593,6 +597,6 @@ def supports_prefill(p: LinearProblem):
 VARIANTS = (
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
-     "M >= 1024 (OPFORGE_QUANT_TUNED=1: 256): weight dequantized to x's dtype in one pass, then cuBLAS"),
+     "M >= 256 (OPFORGE_QUANT_TUNED=0: 1024): weight dequantized to x's dtype in one pass, then cuBLAS"),
     ("prefill", supports_prefill, launch, "M > 16: codes fed to tl.dot per group tile, scale/zero per group"),
 )

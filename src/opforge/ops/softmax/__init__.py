@@ -37,7 +37,10 @@ def _run(op: str, x: torch.Tensor, dim: int) -> torch.Tensor:
         sig = signature(op, x, dim)
         plan = PLANS.get(sig)
         if plan is not None:
-            out = plan(x)
+            try:
+                out = plan(x)
+            except torch.OutOfMemoryError:  # the general path retries after freeing, or names the op
+                out = None
             if out is not None:
                 return out
     call = prepare(op, x, dim)
