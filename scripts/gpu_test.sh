@@ -5,13 +5,16 @@
 #      (OPFORGE_CHECK_LAUNCH_KEYS=1)
 #   2. the tests that launch kernels (tests/ops, tests/runtime, tests/hardening, tests/models) as
 #      users get them: the default launch paths (plans on unless OPFORGE_PLANS=0), no key check
-# and, beside pass 2, `opforge verify` (every op, every backend here, vs float64).
-# Emulator-only tests (marker `emulator`: tests/metal, tests/fusion/test_metal_emulated.py) are
-# left out: they run the MSL emulator on the CPU, which a GPU does not change; CI runs them.
+# and, beside pass 1, `opforge verify --quick` (every op, every backend here, vs float64).
+# Left out: emulator-only tests (marker `emulator`: tests/metal, tests/fusion/test_metal_emulated.py;
+# the MSL emulator on the CPU, which a GPU does not change) and CPU-only tests (marker `cpu_only`:
+# torch.compile over the torch path on CPU tensors); CI runs both.
 #
 # On a cold Triton cache the time goes to compiling kernels (CPU work), so each pass runs its test
-# files in GPU_TEST_SHARDS pytest processes at once (default 12; files dealt out by size) on the one
-# GPU; the tests that fill GPU memory or count it (out of memory, soak, threads) run alone after.
+# files in GPU_TEST_SHARDS pytest processes at once (default 12) on the one GPU, dealt out by the
+# estimated seconds in scripts/gpu_test_seconds.txt (heaviest first, each to the lightest shard).
+# The out-of-memory test file runs alone after each pass (it fills the GPU). Memory-counting tests
+# (soak, threads) count their own process only, so they share the GPU with the other shards.
 # A pass that runs out of time is interrupted (SIGINT), so pytest still prints which tests failed.
 # Uses the python3 that has torch with CUDA (no venv: the GPU machine's own torch and triton).
 #   bash scripts/gpu_test.sh   # summary on stdout; every log in $OUT/gpu_test_logs.tar.gz
@@ -25,12 +28,12 @@ SHARDS="${GPU_TEST_SHARDS:-12}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c "import torch, triton, sys; assert torch.cuda.is_available(), 'no CUDA GPU here';
 print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" || exit 2
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --durations=0 --durations-min=0.5 -m "not emulator")
-# the out-of-memory test last: it fills the GPU, and a failure there must not starve the others
-ALONE=(tests/hardening/test_soak_and_threads.py tests/hardening/test_out_of_memory.py)
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --durations=0 --durations-min=0.5 -m "not emulator and not cpu_only")
+ALONE=(tests/hardening/test_out_of_memory.py)  # fills the GPU: nothing else may run beside it
 
-# shard_files DIR... : print SHARDS lines, each a space-separated list of test files (largest first,
-# each to the lightest shard), leaving out the emulator-only folders and the ALONE files.
+# shard_files DIR... : print SHARDS lines, each a space-separated list of test files (heaviest first
+# by scripts/gpu_test_seconds.txt, else by size, each to the lightest shard), leaving out the
+# emulator-only folders and the ALONE files.
 shard_files() {
   "$PY" - "$SHARDS" "${ALONE[*]}" "$@" <<'EOF'
 import os, sys
@@ -41,12 +44,19 @@ for root in roots:
         if d.startswith("tests/metal"):
             continue
         files += [os.path.join(d, n) for n in names if n.startswith("test_") and n.endswith(".py")]
+seconds = {}
+with open("scripts/gpu_test_seconds.txt") as table:
+    for line in table:
+        if line.strip() and not line.startswith("#"):
+            value, name = line.split()
+            seconds[name] = float(value)
+weight = lambda f: seconds.get(f, os.path.getsize(f) / 5000)  # a file not in the table: ~1 s per 5 KB
 files = sorted((f for f in files if f not in alone and not f.endswith("test_metal_emulated.py")),
-               key=os.path.getsize, reverse=True)
-load, out = [0] * shards, [[] for _ in range(shards)]
+               key=weight, reverse=True)
+load, out = [0.0] * shards, [[] for _ in range(shards)]
 for f in files:
     i = load.index(min(load))
-    load[i] += os.path.getsize(f)
+    load[i] += weight(f)
     out[i].append(f)
 for files_of_shard in out:
     print(" ".join(files_of_shard))
@@ -79,16 +89,15 @@ run_pass() {
 
 status=0
 start=$SECONDS
-echo "pass 1 (plans off, launch keys checked):"
-OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 230 90 tests || status=1
-# verify runs beside pass 2's shards (its own process; the Triton cache is warm by now), not beside
-# the out-of-memory test, which fills the GPU
-OPFORGE_VERIFY_PROGRESS=1 timeout -s INT -k 10 200 "$PY" -m opforge verify > "$LOGS/verify.log" 2>&1 &
+# verify runs beside pass 1's shards (its own process) and ends before the out-of-memory test
+OPFORGE_VERIFY_PROGRESS=1 timeout -s INT -k 10 240 "$PY" -m opforge verify --quick > "$LOGS/verify.log" 2>&1 &
 verify_pid=$! verify_rc=
+echo "pass 1 (plans off, launch keys checked):"
+OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 230 60 tests || status=1
 echo "pass 2 (default launch paths):"
-run_pass default 120 60 tests/ops tests/runtime tests/hardening tests/models || status=1
+run_pass default 150 60 tests/ops tests/runtime tests/hardening tests/models || status=1
 [ "$verify_rc" != 0 ] && status=1
-echo "opforge verify: exit $verify_rc  $(tail -n 1 "$LOGS/verify.log")"
+echo "opforge verify --quick: exit $verify_rc  $(tail -n 1 "$LOGS/verify.log")"
 grep -h "^FAILED\|^ERROR" "$LOGS"/*.log | sort -u | head -60
 if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_test_logs.tar.gz" -C "$LOGS" .; fi
 echo "gpu_test.sh: $((SECONDS - start)) s, $([ $status -eq 0 ] && echo PASSED || echo FAILED)"

@@ -42,6 +42,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "emulator: runs Metal kernels in the MSL emulator on the CPU; a GPU adds "
                                        "nothing, so scripts/gpu_test.sh leaves these out (-m 'not emulator')")
+    config.addinivalue_line("markers", "cpu_only: runs on CPU tensors whatever the machine (the torch path); "
+                                       "scripts/gpu_test.sh leaves these out (-m 'not cpu_only')")
 
 
 #: Test files that exercise the MSL emulator only (tests/metal, except the real-MPS tests *_mps.py).

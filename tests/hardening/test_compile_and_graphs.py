@@ -37,6 +37,7 @@ def _check(outs, args, tol):
         assert rel_error(out, ref) < tol
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_fullgraph_compile_on_cpu_equals_eager(backend):
     torch._dynamo.reset()

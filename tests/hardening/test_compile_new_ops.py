@@ -80,6 +80,7 @@ def _run_and_compare(fn, device, tol, dtype=torch.float32):
         assert torch.equal(a["k_cache"], e["k_cache"]) and torch.equal(a["v_cache"], e["v_cache"])
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_decoder_step_compiles_fullgraph_on_cpu_and_equals_eager(backend):
     torch._dynamo.reset()
