@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     reps = p.add_mutually_exclusive_group()
     reps.add_argument("--reps", type=int, metavar="N", help="exactly N timed calls per measurement")
     reps.add_argument("--quick", action="store_true", help="few reps: a smoke test, not for publishing")
-    p.add_argument("--max-seconds", type=float, metavar="S",
+    p.add_argument("--max-seconds", "--budget", type=float, metavar="S",
                    help="stop starting new measurements after S seconds (the rest is reported as skipped)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
     p.add_argument("--progress", choices=("auto", "rich", "lines", "none"), default="auto",
