@@ -143,3 +143,36 @@ def test_grid_of_the_1b_shape_is_the_issues():
     assert g.decode_points() == [(b, c) for b in (1, 8, 32) for c in (512, 4096)]
     assert g.prefills == ((1, 2048), (8, 512)) and g.max_batch == 32 and g.max_seq_len >= 4096 + 32
     assert (g.new_tokens(512), g.new_tokens(4096), g.peer_new_tokens(512), g.peer_new_tokens(4096)) == (64, 32, 32, 16)
+
+
+def test_model_suite_compiled_peer_runs_through_torch_compile(monkeypatch):
+    pytest.importorskip("transformers")
+    import torch
+    monkeypatch.setattr(suite, "COMPILE_BACKEND_OFF_CUDA", "eager")   # CUDA: inductor, reduce-overhead
+    torch._dynamo.reset()
+    result = suite.run_model_suite(["tiny"], "cpu", ["bf16"], peers=["compile"], out=io.StringIO())
+    rows = [r for r in result["rows"] if r["impl"] == "transformers (static cache + compile)"]
+    assert [r["what"] for r in rows] == ["decode b1 ctx24"]
+    assert rows[0].get("error") is None and rows[0]["tokens_per_s"] > 0 and rows[0]["new_tokens"] == 8
+    assert result["peers"] == {"tiny transformers static cache + compile": "ok"} and result["skipped"] == []
+    from torch._dynamo.utils import counters
+    assert counters["stats"]["unique_graphs"] > 0
+
+
+def test_model_suite_compiled_peer_that_did_not_compile_is_a_failure(monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(suite, "COMPILE_BACKEND_OFF_CUDA", "eager")
+    monkeypatch.setattr(suite, "_compiled_graphs", lambda: 7)      # as if torch.compile never produced a graph
+    result = suite.run_model_suite(["tiny"], "cpu", ["bf16"], peers=["compile"], out=io.StringIO())
+    (row,) = [r for r in result["rows"] if r["impl"] == "transformers (static cache + compile)"]
+    assert row["tokens_per_s"] is None and "did not compile" in row["error"]
+
+
+def test_static_cache_length_is_forgotten_between_points():
+    class Model:
+        pass
+    hf = Model()
+    hf._previous_max_cache_length, hf._cache, hf.keep = 4114, object(), 1
+    suite._forget_static_cache(hf)
+    assert vars(hf) == {"keep": 1}
+    suite._forget_static_cache(hf)                                  # nothing left to drop: no error

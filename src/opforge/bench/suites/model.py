@@ -47,6 +47,10 @@ COMPILE_NEED_S = 45.0
 this much budget is left."""
 
 
+COMPILE_BACKEND_OFF_CUDA: Optional[str] = None
+"""Off CUDA the compiled peer is skipped, unless this names a torch.compile backend (tests: "eager")."""
+
+
 def _config(shape: str) -> dict[str, Any]:
     from opforge.models.testing import LLAMA_1B, LLAMA_8B, TINY_LLAMA
     if shape == "tiny":
@@ -364,12 +368,30 @@ def _load_hf(path: str, device: torch.device) -> Any:
     return hf
 
 
+def _forget_static_cache(hf: Any) -> None:
+    """Drop the static-cache length transformers keeps from earlier calls, so that a short-context
+    point does not attend over (and allocate) the longest context measured before it."""
+    for attr in ("_previous_max_cache_length", "_cache"):      # transformers 5.x, 4.x
+        if attr in vars(hf):
+            delattr(hf, attr)
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has produced in this process (to tell a compiled run from a silent eager one)."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return -1
+
+
 def _measure_hf(hf: Any, points: list[tuple[str, str]], g: Grid, device: torch.device, limit: float,
                 run: _Run, need_s: float = 0.0, **generate_kwargs: Any) -> None:
     """Time ``points`` of one transformers model; each failure is recorded and the rest goes on."""
     gen = torch.Generator().manual_seed(0)
     vocab = hf.config.vocab_size
     warmed: set[tuple[str, int]] = set()
+    compiled_seen = False         # the first compiled point checks that torch.compile produced a graph
     for impl, what in points:
         if not run.start(impl, "bf16", what, need_s):
             continue
@@ -389,6 +411,9 @@ def _measure_hf(hf: Any, points: list[tuple[str, str]], g: Grid, device: torch.d
             kw = dict(generate_kwargs)
             if "static" in impl:
                 kw.setdefault("cache_implementation", "static")
+                if "compile" not in impl:
+                    _forget_static_cache(hf)
+            graphs_before = _compiled_graphs()
             ids = torch.randint(0, vocab, (b, c), generator=gen).to(device)
             # the first point of a cache type and batch size warms up (the compiled peer: with all
             # its tokens, so that the static cache keeps its size and nothing recompiles after)
@@ -398,10 +423,11 @@ def _measure_hf(hf: Any, points: list[tuple[str, str]], g: Grid, device: torch.d
             if t_all - t_one < 0.05 * t_all:       # the decode steps drown in the prefill's noise
                 raise RuntimeError(f"not measurable: generate of {new} tokens took {t_all:.3f} s, of 1 token "
                                    f"{t_one:.3f} s")
-            tps = b * (new - 1) / (t_all - t_one)
-            if "compile" in impl and getattr(hf, "_compiled_call", None) is None:
+            if "compile" in impl and not compiled_seen and 0 <= graphs_before == _compiled_graphs():
                 raise RuntimeError("transformers did not compile the decode step (its auto-compile criteria "
                                    "were not met)")
+            compiled_seen = compiled_seen or "compile" in impl
+            tps = b * (new - 1) / (t_all - t_one)
             run.record(impl, "bf16", what, tps, pct_of_limit=100 * (tps / b) / limit, batch=b, context=c,
                        new_tokens=new)
         except Exception as exc:                    # report a failing peer as a failure, keep going
@@ -443,7 +469,8 @@ def _peer_eager_and_patch(path: str, device: torch.device, g: Grid, limit: float
 
 def _peer_compile(path: str, device: torch.device, g: Grid, limit: float, run: _Run) -> None:
     points = _peer_points("compile", g, device)
-    if device.type != "cuda":          # transformers compiles generate's decode step on accelerators only
+    cpu_backend = COMPILE_BACKEND_OFF_CUDA
+    if device.type != "cuda" and cpu_backend is None:  # transformers compiles generate's step on accelerators only
         run.peer("transformers static cache + compile", "skipped: needs CUDA")
         _skip_all(points, run, "needs CUDA")
         return
@@ -460,8 +487,13 @@ def _peer_compile(path: str, device: torch.device, g: Grid, limit: float, run: _
     hf = _load_hf(path, device)
     try:
         run.peer("transformers static cache + compile", "ok")
-        _measure_hf(hf, points, g, device, limit, run, need_s=COMPILE_NEED_S, disable_compile=False,
-                    compile_config=CompileConfig(mode="reduce-overhead"))
+        if device.type == "cuda":
+            config = CompileConfig(mode="reduce-overhead")
+        else:                                       # a CPU test of this code path
+            config = CompileConfig(backend=cpu_backend, mode=None)
+            config._compile_all_devices = True
+        _measure_hf(hf, points, g, device, limit, run, need_s=COMPILE_NEED_S if device.type == "cuda" else 0.0,
+                    disable_compile=False, compile_config=config)
     finally:
         del hf
         torch._dynamo.reset()                       # drops the compiled graphs and their CUDA-graph pools
