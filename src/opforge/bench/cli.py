@@ -81,7 +81,8 @@ def _list() -> None:
         s = get_suite(name)
         ops = ", ".join(dict.fromkeys(e.op for e in s.entries))
         print(f"  {name:8s} {s.description} [{ops}]", file=out)
-    print("  model    a decoder end to end: decode/prefill tokens/s, bf16/int8/int4 (--shapes 1b,8b)", file=out)
+    print("  model    a decoder end to end: decode b1/8/32 x ctx 512/4096, prefill 1x2048/8x512, bf16/int8/int4, "
+          "transformers peers (--shapes 1b,8b, --budget S)", file=out)
     print("ops: " + ", ".join(op_names()), file=out)
     print("implementations: " + ", ".join(IMPL_ORDER), file=out)
 

@@ -505,7 +505,7 @@ def _liger_patch() -> Optional[Callable[[Any], None]]:
         import liger_kernel.transformers as liger
     except ImportError:
         return None
-    apply = getattr(liger, "apply_liger_kernel_to_llama")
+    apply = liger.apply_liger_kernel_to_llama
 
     def patch(model: Any) -> None:
         try:      # inference: no loss kernels (they replace the causal-LM forward)
@@ -518,7 +518,11 @@ def _liger_patch() -> Optional[Callable[[Any], None]]:
 
 def _peer_liger(path: str, device: torch.device, g: Grid, limit: float, run: _Run) -> None:
     points = _peer_points("liger", g, device)
-    patch = _liger_patch()
+    try:
+        patch = _liger_patch()
+    except Exception as exc:                        # installed, but without the Llama patch
+        run.peer("transformers+liger", f"failed: {_first_line(exc)}")
+        return
     if patch is None:
         run.peer("transformers+liger", "not installed")
         return
@@ -556,8 +560,9 @@ def _peers(path: str, device: torch.device, g: Grid, bandwidth: float, weight_by
     limit = bandwidth * 1e9 / weight_bytes
     steps: list[tuple[str, Callable[[], None]]] = [
         ("eager/patch", lambda: _peer_eager_and_patch(path, device, g, limit, wanted, run)),
-        ("compile", lambda: _peer_compile(path, device, g, limit, run) if "compile" in wanted else None),
         ("liger", lambda: _peer_liger(path, device, g, limit, run) if "liger" in wanted else None),
+        # last: the longest (a compilation per point), so a budget cuts it first
+        ("compile", lambda: _peer_compile(path, device, g, limit, run) if "compile" in wanted else None),
     ]
     for name, step in steps:
         try:
