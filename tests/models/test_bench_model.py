@@ -10,6 +10,7 @@ import pytest
 
 from opforge.bench.cli import main
 from opforge.bench.suites import model as suite
+from opforge.bench.suites import model_peers as peers_module
 
 TINY_DECODES = ("decode b1 ctx24", "decode b1 ctx48", "decode b2 ctx24", "decode b2 ctx48")
 TINY_PREFILLS = ("prefill 1x64", "prefill 2x32")
@@ -94,7 +95,7 @@ def test_model_suite_failing_peer_is_a_failure_not_a_crash(monkeypatch):
 
     def broken(*args, **kwargs):
         raise RuntimeError("graph capture failed\nlong traceback text")
-    monkeypatch.setattr(suite, "transformers_generate_seconds", broken)
+    monkeypatch.setattr(peers_module, "transformers_generate_seconds", broken)
     result = suite.run_model_suite(["tiny"], "cpu", ["bf16"], peers=["eager"], out=io.StringIO())
     decodes = [r for r in result["rows"] if r["impl"].startswith("transformers (") and r["what"].startswith("decode")]
     assert len(decodes) == 8
@@ -148,7 +149,7 @@ def test_grid_of_the_1b_shape_is_the_issues():
 def test_model_suite_compiled_peer_runs_through_torch_compile(monkeypatch):
     pytest.importorskip("transformers")
     import torch
-    monkeypatch.setattr(suite, "COMPILE_BACKEND_OFF_CUDA", "eager")   # CUDA: inductor, reduce-overhead
+    monkeypatch.setattr(peers_module, "COMPILE_BACKEND_OFF_CUDA", "eager")   # CUDA: inductor, reduce-overhead
     torch._dynamo.reset()
     result = suite.run_model_suite(["tiny"], "cpu", ["bf16"], peers=["compile"], out=io.StringIO())
     rows = [r for r in result["rows"] if r["impl"] == "transformers (static cache + compile)"]
@@ -161,8 +162,8 @@ def test_model_suite_compiled_peer_runs_through_torch_compile(monkeypatch):
 
 def test_model_suite_compiled_peer_that_did_not_compile_is_a_failure(monkeypatch):
     pytest.importorskip("transformers")
-    monkeypatch.setattr(suite, "COMPILE_BACKEND_OFF_CUDA", "eager")
-    monkeypatch.setattr(suite, "_compiled_graphs", lambda: 7)      # as if torch.compile never produced a graph
+    monkeypatch.setattr(peers_module, "COMPILE_BACKEND_OFF_CUDA", "eager")
+    monkeypatch.setattr(peers_module, "_compiled_graphs", lambda: 7)      # as if torch.compile never produced a graph
     result = suite.run_model_suite(["tiny"], "cpu", ["bf16"], peers=["compile"], out=io.StringIO())
     (row,) = [r for r in result["rows"] if r["impl"] == "transformers (static cache + compile)"]
     assert row["tokens_per_s"] is None and "did not compile" in row["error"]
@@ -173,6 +174,6 @@ def test_static_cache_length_is_forgotten_between_points():
         pass
     hf = Model()
     hf._previous_max_cache_length, hf._cache, hf.keep = 4114, object(), 1
-    suite._forget_static_cache(hf)
+    peers_module._forget_static_cache(hf)
     assert vars(hf) == {"keep": 1}
-    suite._forget_static_cache(hf)                                  # nothing left to drop: no error
+    peers_module._forget_static_cache(hf)                                  # nothing left to drop: no error
