@@ -32,3 +32,11 @@ def test_generate_text_with_a_tokenizer(capsys):
 def test_generate_text_without_tokenizer_json_says_what_is_missing(capsys):
     assert main(["generate", write_tiny_checkpoint(), "--prompt", "hello"]) == 2
     assert "tokenizer.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [([], "give a prompt"),
+                                           (["--prompt-ids", "1,x,3"], "comma-separated integers")])
+def test_generate_without_a_usable_prompt_says_so(args, message, capsys):
+    """No prompt at all, or ids that are not integers: exit 2 with a one-line reason (before loading)."""
+    assert main(["generate", write_tiny_checkpoint()] + args) == 2
+    assert message in capsys.readouterr().err

@@ -32,6 +32,15 @@ def test_device_info_default_and_str():
     assert info.name in str(info)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_cuda_without_cuda_is_a_clear_error():
+    """``device_info("cuda")``/``device_config("cuda")`` on a machine without CUDA: opforge's
+    ValueError, not torch's AssertionError from current_device()."""
+    for ask in (lambda: opforge.device_info("cuda"), lambda: opforge.device_config("cuda")):
+        with pytest.raises(ValueError, match="device cuda does not exist here"):
+            ask()
+
+
 def test_trace_timing_fields():
     with opforge.trace(timing=True) as t:
         opforge.layer_norm(torch.randn(2, 32))

@@ -47,15 +47,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     import opforge
     from .loader import load
+    if not args.prompt and not args.prompt_ids:
+        print("error: give a prompt: --prompt TEXT (with the `tokenizers` package and MODEL_DIR/tokenizer.json) "
+              "or --prompt-ids 1,2,3", file=sys.stderr)
+        return 2
     tok = _tokenizer(args.model_dir)
     if args.prompt_ids:
-        ids = [int(t) for t in args.prompt_ids.split(",")]
+        try:
+            ids = [int(t) for t in args.prompt_ids.split(",")]
+        except ValueError:
+            print(f"error: --prompt-ids takes comma-separated integers, got {args.prompt_ids!r}", file=sys.stderr)
+            return 2
     elif tok is None:
         print("error: --prompt needs the `tokenizers` package and MODEL_DIR/tokenizer.json "
               "(pip install tokenizers), or pass --prompt-ids", file=sys.stderr)
         return 2
     else:
         ids = tok.encode(args.prompt).ids
+        if not ids:
+            print(f"error: the tokenizer turned --prompt {args.prompt!r} into no tokens", file=sys.stderr)
+            return 2
     model = load(args.model_dir, device=args.device, quantize=args.quantize,
                  max_seq_len=min(args.max_seq_len, len(ids) + args.max_new_tokens + 1))
     if model.device.type == "cuda":

@@ -77,6 +77,8 @@ def _resolve(device: DeviceLike) -> torch.device:
         return torch.device("cuda", device)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
+        if not torch.cuda.is_available():  # torch's current_device() would fail with an AssertionError
+            raise ValueError("device cuda does not exist here (torch.cuda.is_available() is False)")
         device = torch.device("cuda", torch.cuda.current_device())
     return device
 
