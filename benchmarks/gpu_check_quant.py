@@ -102,6 +102,16 @@ def measure_copy_gbs(device: str) -> float:
     return 2 * (1 << 30) / (ms * 1e-3) / 1e9
 
 
+def pick_device(cpu_smoke: bool) -> Optional[str]:
+    """"cpu" for a smoke run, "cuda" when there is one, else None (having said to use --cpu-smoke)."""
+    if cpu_smoke:
+        return "cpu"
+    if not torch.cuda.is_available():
+        print("no CUDA device: use --cpu-smoke", file=sys.stderr)
+        return None
+    return "cuda"
+
+
 def oracle(x: torch.Tensor, qw: opforge.QuantizedWeight) -> torch.Tensor:
     return x.double() @ qw.dequantize(torch.float64).T
 
@@ -569,9 +579,8 @@ def main() -> int:
                     help="only default vs OPFORGE_QUANT_TUNED launch choices, end to end (a separate run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = ap.parse_args()
-    device = "cpu" if args.cpu_smoke else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: use --cpu-smoke", file=sys.stderr)
+    device = pick_device(args.cpu_smoke)
+    if device is None:
         return 2
     torch.manual_seed(0)
     bench = Bench(device, args.budget)

@@ -34,6 +34,7 @@ if "--cpu-smoke" in sys.argv:
 import torch
 
 import opforge
+from gpu_check_quant import oracle, pick_device
 from opforge.runtime import alloc
 from opforge.testing import TOLERANCE, rel_error
 
@@ -115,7 +116,7 @@ def run_case(case: tuple, device: str, results: list) -> None:
     row: dict[str, Any] = {"case": label}
     with alloc.poisoned_outputs():
         y = opforge.linear(x, qw)
-    err = rel_error(y, x.double() @ qw.dequantize(torch.float64).T)
+    err = rel_error(y, oracle(x, qw))
     row["rel_err"], row["ok"] = err, err < TOLERANCE[torch.bfloat16]
     public = lambda: opforge.linear(x, qw)  # noqa: E731
     direct = _launch_of(x, qw)
@@ -141,9 +142,8 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU through the interpreter")
     ap.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = ap.parse_args()
-    device = "cpu" if args.cpu_smoke else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: use --cpu-smoke", file=sys.stderr)
+    device = pick_device(args.cpu_smoke)
+    if device is None:
         return 2
     torch.manual_seed(0)
     results: list = []
