@@ -170,7 +170,7 @@ def attention_md(att: dict) -> str:
     dec_fast = sum(r["vs_best"] >= 1.0 for r in dec)
     dec_near = sum(r["vs_best"] >= 0.97 for r in dec)
     return "\n".join([
-        "## Attention (`gpu_check_attn.py` -> attention.json, opforge at 980a81d)",
+        f"## Attention (`gpu_check_attn.py` -> attention.json, opforge at {COMMITS['attention']})",
         "",
         f"Correctness {n_ok}/{len(att['correctness'])} PASS. Copy bandwidth {att['copy_gbs']:.0f} GB/s. "
         "Plots: [attention-prefill.png](attention-prefill.png), [attention-decode.png](attention-decode.png).",
@@ -301,7 +301,7 @@ def quant_md(q: dict, sweep: dict | None) -> str:
     peer = all_sp(1, "torch int4 tinygemm"), all_sp(16, "torch int4 tinygemm")
     n_ok = sum(c["ok"] for c in q["correctness"])
     lines = [
-        "## Quantized linear (`gpu_check_quant.py` -> quant.json, opforge at 980a81d)",
+        f"## Quantized linear (`gpu_check_quant.py` -> quant.json, opforge at {COMMITS['quant']})",
         "",
         f"Correctness {n_ok}/{len(q['correctness'])} PASS. Copy bandwidth {q['copy_gbs']:.0f} GB/s. "
         "Plot: [quant.png](quant.png).",
@@ -378,7 +378,7 @@ def latency_md(lat: dict) -> str:
     ops_met = sorted({r["op"] for r in lat["timing"]} - {r["op"] for r in lat["timing"] if not r["met"]})
     n_ok = sum(c["status"] == "PASS" for c in lat["checks"])
     return "\n".join([
-        "## Host overhead, launch plans (`gpu_check_plans.py` -> latency_plans.json, opforge at 980a81d)",
+        f"## Host overhead, launch plans (`gpu_check_plans.py` -> latency_plans.json, opforge at {COMMITS['latency_plans']})",
         "",
         f"Checks {n_ok}/{len(lat['checks'])} PASS, 8-thread race {lat['race']['status']}. Plans on by default: "
         f"{lat['plans_default']}; plans call the C launcher directly: {lat.get('c_launch_direct')}. "
@@ -457,7 +457,7 @@ def models_md(mod: dict) -> str:
              for t in mod["targets"]]
     n_ok = sum(c["pass"] for c in mod["checks"])
     return "\n".join([
-        "## Models (`gpu_check_models.py` -> models.json, opforge at fb41884)",
+        f"## Models (`gpu_check_models.py` -> models.json, opforge at {COMMITS['models']})",
         "",
         f"Llama-3.2-1B shape, random weights, bf16. Checks {n_ok}/{len(mod['checks'])} pass (the two that do not "
         f"are the int8/int4 quality reports: logits rel. err vs bf16 {mod['int8_logits_rel_err_vs_bf16']:.3f} "
@@ -544,7 +544,7 @@ def rotary_md(rd: dict) -> str:
                  f"{verdict(all(o['wall_us'] <= t['wall_us'] for o, t in small))}: "
                  + ", ".join(f"{o['wall_us']:.1f} vs {t['wall_us']:.1f} us" for o, t in small) + " |")
     return "\n".join([
-        "## Rotary, KV-cache append, delay pattern (`gpu_check_rope.py` -> rotary_delay.json, opforge at 980a81d)",
+        f"## Rotary, KV-cache append, delay pattern (`gpu_check_rope.py` -> rotary_delay.json, opforge at {COMMITS['rotary_delay']})",
         "",
         f"Checks {n_ok}/{len(rd['checks'])} PASS. Copy bandwidth {rd['copy_gbs']:.0f} GB/s. GPU us from CUDA-graph "
         "replay (graph) or do_bench; small graph-replayed cases are L2-resident, so % of copy can exceed 100. "
@@ -568,7 +568,7 @@ def io_md(io: dict) -> str:
             and "chunks" not in ld["load"]]
     cases = ", ".join(f"{c['case']} {c['status']}" for c in io["cases"])
     return "\n".join([
-        "## SafeTensors loader (`gpu_check_io.py` -> io.json, opforge at b44ddb4)",
+        f"## SafeTensors loader (`gpu_check_io.py` -> io.json, opforge at {COMMITS['io']})",
         "",
         f"File {f['bytes'] / 1e9:.2f} GB, {f['tensors']} tensors, largest {f['largest_tensor_MB']:.0f} MB; page-cache "
         f"read {f['read_GBps_pageable']:.2f} GB/s, pinned H2D {f['h2d_pinned_GBps']:.1f} GB/s. Cases: {cases}. "

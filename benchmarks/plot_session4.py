@@ -93,9 +93,7 @@ def main() -> None:
     latency = re.sub(r"^## .*", "## Host overhead with plans launching through ctypes cuLaunchKernel "
                      "(`gpu_check_plans.py --cuda-launch`, run 1)", s3.latency_md(lat), count=1, flags=re.M).replace("[latency.png](latency.png)",
                                                                            "[latency_cuda_launch.png](latency_cuda_launch.png)")
-    quant = s3.quant_md(q, None).replace("opforge at 980a81d", "opforge at 629522a")
-    models = s3.models_md(mod).replace("opforge at fb41884", "opforge at 629522a")
-    text = "\n".join([head, gpu_test_md(folder), tuned_md(folder), quant, models, latency])
+    text = "\n".join([head, gpu_test_md(folder), tuned_md(folder), s3.quant_md(q, None), s3.models_md(mod), latency])
     (folder / "results.md").write_text(text)
     print(f"wrote quant.png, models.png, latency_cuda_launch.png and results.md into {folder}")
 
