@@ -1,0 +1,221 @@
+"""Where does a batch-1 decode step's time go, and which GEMV launch choices read weights fastest?
+
+Two parts, one GPU run (``--part``; default both):
+
+1. ``step``: the Llama-1B-shaped model (random weights, bf16 and int4), one decode step run
+   eagerly under ``torch.profiler``: GPU time per kernel name per step, the sum of kernels, and
+   the CUDA-graph replay time of the same step (the difference is the gaps between kernels).
+2. ``sweep``: the decode GEMVs in the setting they run in: a CUDA graph of L launches over L
+   different weights (L copies of >= 160 MB in all, so nothing stays in the 50 MB L2), same x,
+   M = 1. Per shape of the 1B and 8B models: cuBLAS bf16 ``F.linear``, opforge's dense GEMV
+   (``ops/quant/dense_gemv.py``) in several configs, opforge int4 g128 as ``linear`` runs it and
+   in several launch configs, opforge int8 per-channel, torch's int4 tinygemm. Every variant's
+   first output is checked against float64 first. Time per launch = graph replay / L.
+
+    PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py              # ~2-3 min on an H100
+    PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --cpu-smoke  # the script's logic
+
+Writes ``$OUT/decode_breakdown.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+if "--cpu-smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+
+import opforge
+from gpu_check_quant import oracle, tinygemm_pack
+from opforge.ops.quant import problem as qproblem
+from opforge.ops.quant import triton_kernels as qk
+from opforge.ops.quant.dense_gemv import dense_gemv
+from opforge.testing import rel_error
+
+RESULTS: dict[str, Any] = {"step": {}, "sweep": [], "errors": []}
+SHAPES_1B = [(3072, 2048, "1B qkv"), (2048, 2048, "1B o"), (16384, 2048, "1B gate_up"), (2048, 8192, "1B down"),
+             (128256, 2048, "1B lm_head")]
+SHAPES_8B = [(6144, 4096, "8B qkv"), (4096, 4096, "8B o"), (28672, 4096, "8B gate_up"), (4096, 14336, "8B down")]
+#: (BLOCK_N, BLOCK_K, warps, programs per SM)
+DENSE_CONFIGS = [(32, 256, 4, 4), (16, 512, 4, 4), (64, 128, 4, 4), (32, 512, 8, 4), (64, 256, 8, 4),
+                 (32, 256, 4, 8), (16, 256, 2, 8), (8, 1024, 4, 4), (32, 256, 4, 2)]
+#: ((BLOCK_M, BLOCK_N, BLOCK_K, dot, warps, stages), programs per SM, fixup)
+INT4_CONFIGS = [((1, 128, 128, False, 4, 3), 4, True), ((1, 64, 128, False, 4, 3), 4, True),
+                ((1, 128, 256, False, 4, 3), 4, True), ((1, 128, 256, False, 8, 3), 4, True),
+                ((1, 64, 256, False, 4, 3), 4, True), ((1, 128, 128, False, 4, 3), 8, True),
+                ((1, 128, 128, False, 4, 3), 2, True), ((1, 256, 128, False, 8, 3), 4, True),
+                ((1, 128, 512, False, 8, 3), 4, True), ((1, 32, 256, False, 2, 3), 8, True),
+                ((1, 128, 128, False, 4, 3), 4, False), ((1, 64, 512, False, 4, 3), 4, True)]
+
+
+def graph_us(fns: list[Callable[[], Any]], replays: int = 20) -> float:
+    """GPU time per launch of a CUDA graph that runs every fn once (after warm-up outside it)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * len(fns)))
+    return sorted(times)[1]
+
+
+def copies_for(nbytes: int, smoke: bool) -> int:
+    return 2 if smoke else max(2, math.ceil(160e6 / nbytes))
+
+
+def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: float) -> None:
+    gen = torch.Generator(device=device).manual_seed(n * 7 + k)
+    x = torch.randn(1, k, device=device, dtype=torch.bfloat16, generator=gen)
+    row: dict[str, Any] = {"shape": label, "n": n, "k": k, "us": {}, "rel_err": {}}
+    dense_l = copies_for(n * k * 2, smoke)
+    dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02 for _ in range(dense_l)]
+    ref = x.double() @ dense[0].double().T
+
+    def timed(name: str, fns: list, first_out: Callable[[], torch.Tensor], want: torch.Tensor) -> None:
+        if time.time() > deadline:
+            return
+        try:
+            err = rel_error(first_out(), want)
+            row["rel_err"][name] = err
+            if not err < 2e-2:
+                RESULTS["errors"].append(f"{label} {name}: rel err {err:.3g}")
+                return
+            row["us"][name] = graph_us(fns) if device == "cuda" else 0.0
+        except Exception as exc:   # a config that fails to compile is a result, not the end of the run
+            RESULTS["errors"].append(f"{label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+
+    timed("cublas bf16", [lambda w=w: torch.nn.functional.linear(x, w) for w in dense],
+          lambda: torch.nn.functional.linear(x, dense[0]), ref)
+    for cfg in DENSE_CONFIGS:
+        timed(f"dense gemv {cfg}", [lambda w=w, c=cfg: dense_gemv(x, w, config=c) for w in dense],
+              lambda c=cfg: dense_gemv(x, dense[0], config=c), ref)
+    del dense
+    int4_l = copies_for(n * k // 2, smoke)
+    q4 = [opforge.quantize_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02,
+                                  bits=4, group_size=128) for _ in range(int4_l)]
+    ref4 = oracle(x, q4[0])
+    calls = [qproblem.prepare(x, q, None) for q in q4]
+    timed("int4 linear", [lambda q=q: opforge.linear(x, q) for q in q4], lambda: opforge.linear(x, q4[0]), ref4)
+    for cfg, pps, fix in INT4_CONFIGS:
+        name = f"int4 {cfg[1:3]} w{cfg[4]} pps{pps}{' fixup' if fix else ' combine'}"
+        timed(name, [lambda c=c, cfg=cfg, pps=pps, fix=fix: qk.launch_config(c, cfg, pps, fix) for c in calls],
+              lambda cfg=cfg, pps=pps, fix=fix: qk.launch_config(calls[0], cfg, pps, fix), ref4)
+    if device == "cuda":
+        try:
+            packs = [tinygemm_pack(q)[0] for q in q4]
+            timed("tinygemm int4", [lambda p=p: p(x) for p in packs], lambda: packs[0](x), ref4)
+        except Exception as exc:
+            RESULTS["errors"].append(f"{label} tinygemm: {exc}"[:300])
+    del q4, calls
+    int8_l = copies_for(n * k, smoke)
+    q8 = [opforge.quantize_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02,
+                                  bits=8, group_size=-1, symmetric=True) for _ in range(int8_l)]
+    timed("int8 per-ch linear", [lambda q=q: opforge.linear(x, q) for q in q8], lambda: opforge.linear(x, q8[0]),
+          oracle(x, q8[0]))
+    del q8
+    base = row["us"].get("cublas bf16")
+    line = "  ".join(f"{name} {us:.1f}" for name, us in sorted(row["us"].items(), key=lambda kv: kv[1])[:8])
+    print(f"{label} ({n}x{k}) bf16 {base}: {line}", flush=True)
+    RESULTS["sweep"].append(row)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def step_breakdown(device: str, smoke: bool) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from opforge.models import load
+    from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
+    config = dict(TINY_LLAMA, vocab_size=256) if smoke else LLAMA_1B
+    path = write_random_checkpoint(config, tempfile.mkdtemp(prefix="opforge-breakdown-"), device, torch.bfloat16)
+    for quant in (None, "int4"):
+        model = load(path, device=device, dtype=torch.bfloat16, quantize=quant, max_seq_len=1024, max_batch=1)
+        ids = torch.randint(0, config["vocab_size"], (1, 512), device=device)
+        model.prefill(ids, torch.tensor([512]))
+        tok = ids[:, -1].clone()
+        seqlens = model.cache_seqlens[:1]
+        step = lambda: model.decode_step(tok, seqlens)     # noqa: E731  (seqlens not advanced: same step)
+        for _ in range(3):
+            step()
+        entry: dict[str, Any] = {}
+        if device == "cuda":
+            torch.cuda.synchronize()
+            entry["graph_step_us"] = graph_us([step], replays=50)
+            steps = 5
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    step()
+                torch.cuda.synchronize()
+            kernels = {}
+            for evt in prof.key_averages():
+                dev_us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+                if dev_us and evt.count:
+                    kernels[evt.key[:90]] = (dev_us / steps, evt.count / steps)
+            entry["kernels_us_per_step"] = {k: round(v[0], 1) for k, v in
+                                            sorted(kernels.items(), key=lambda kv: -kv[1][0])}
+            entry["launches_per_step"] = {k: v[1] for k, v in kernels.items()}
+            entry["kernel_sum_us"] = sum(v[0] for v in kernels.values())
+            print(f"step {quant or 'bf16'}: graph {entry['graph_step_us']:.0f} us, kernels "
+                  f"{entry['kernel_sum_us']:.0f} us, {sum(v[1] for v in kernels.values()):.0f} launches", flush=True)
+            for name, us in list(entry["kernels_us_per_step"].items())[:14]:
+                print(f"   {us:8.1f} us x{entry['launches_per_step'][name]:.0f}  {name}", flush=True)
+        else:
+            step()
+        RESULTS["step"][quant or "bf16"] = entry
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--part", choices=("step", "sweep", "both"), default="both")
+    parser.add_argument("--budget", type=float, default=200.0, help="seconds for the sweep part")
+    parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
+    args = parser.parse_args()
+    smoke = args.cpu_smoke or not torch.cuda.is_available()
+    device = "cpu" if smoke else "cuda"
+    RESULTS["device"] = "cpu smoke" if smoke else torch.cuda.get_device_name()
+    if args.part in ("step", "both"):
+        step_breakdown(device, smoke)
+    if args.part in ("sweep", "both"):
+        deadline = time.time() + args.budget
+        shapes = [(64, 256, "smoke")] if smoke else SHAPES_1B + SHAPES_8B
+        if smoke:
+            del DENSE_CONFIGS[2:], INT4_CONFIGS[2:]
+            DENSE_CONFIGS[:] = [(16, 64, 1, 1), (8, 128, 1, 2)]
+        for n, k, label in shapes:
+            sweep_shape(n, k, label, device, smoke, deadline)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode_breakdown.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    print("errors:", RESULTS["errors"] or "none")
+    return 1 if RESULTS["errors"] and smoke else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""A Triton GEMV for ``linear`` with a dense fp16/bf16 weight and a few rows of x (decode).
+
+Why: at batch 1 a decode step reads every weight once, and cuBLAS's ``F.linear`` reads the
+1B/8B Llama projections (N, K of 2048..16384) at 47-72% of copy bandwidth on the H100 (session 3,
+``benchmarks/results/h100/session3``). This kernel streams the (N, K) weight once with 16-byte
+loads along K in (BLOCK_N, BLOCK_K) tiles, multiplies by x in float32 registers, reduces once at
+the end, and splits K when N alone gives too few programs (the last split of a tile adds the
+float32 partials in split order: the same ``_store`` as the quantized GEMV).
+
+Status: measured only by ``benchmarks/gpu_decode_breakdown.py``; ``linear`` does not select it
+unless ``DENSE_GEMV`` is on (off by default: see ``benchmarks/NOTES.md``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...runtime import alloc
+from ...runtime.launch import TritonLauncher, cdiv
+from .triton_kernels import _counters, _split, _store
+
+#: Whether ``linear`` runs this kernel for dense weights with M <= ``DENSE_GEMV_MAX_M`` on CUDA.
+DENSE_GEMV = False
+DENSE_GEMV_MAX_M = 4
+#: (BLOCK_N, BLOCK_K, num_warps, programs per SM) by default.
+DEFAULT_CONFIG = (32, 256, 4, 4)
+
+
+@triton.jit
+def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_w, k_per_split,
+                       n_splits, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) outputs over K range ``pid_k * k_per_split ..``; float32 products kept
+    per (row, k) lane and reduced once at the end."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    ms = tl.arange(0, BLOCK_M)
+    m_mask = ms < M
+    kk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
+    k_end = tl.minimum(K, pid_k * k_per_split + k_per_split)
+    # loop over tile indices: k0 is then a known multiple of BLOCK_K (16-byte loads)
+    if BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for kt in range(pid_k * (k_per_split // BLOCK_K), tl.cdiv(k_end, BLOCK_K)):
+            ks = kt * BLOCK_K + kk
+            k_mask = ks < k_end
+            w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(x_ptr + ks, mask=k_mask, other=0.0)
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        res = tl.sum(acc, axis=1)[None, :]
+    else:
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        x_rows = x_ptr + ms.to(tl.int64)[:, None, None] * stride_xm
+        for kt in range(pid_k * (k_per_split // BLOCK_K), tl.cdiv(k_end, BLOCK_K)):
+            ks = kt * BLOCK_K + kk
+            k_mask = ks < k_end
+            w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(x_rows + ks[None, None, :], mask=m_mask[:, None, None] & k_mask[None, None, :], other=0.0)
+            acc3 += w.to(tl.float32)[None, :, :] * x.to(tl.float32)
+        res = tl.sum(acc3, axis=2)
+    _store(res, ms, m_mask, rows, n_mask, pid_k, pid_n, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
+
+
+_dense_gemv = TritonLauncher(_dense_gemv_kernel)
+
+
+def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               config: tuple = DEFAULT_CONFIG) -> torch.Tensor:
+    """``x @ w.T + bias`` for x (M <= 16, K) with unit last stride and a row-major (N, K) weight.
+
+    ``config`` = (BLOCK_N, BLOCK_K, num_warps, programs per SM). Float32 accumulation.
+
+    Example:
+        >>> import os; interp = os.environ.get("TRITON_INTERPRET") == "1"
+        >>> x, w = torch.randn(1, 64), torch.randn(48, 64)
+        >>> out = dense_gemv(x, w, config=(16, 32, 1, 1)) if interp else x @ w.T
+        >>> torch.allclose(out, x @ w.T, atol=1e-4)
+        True
+    """
+    m, k = x.shape
+    n = w.shape[0]
+    if m > 16 or x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError("dense_gemv takes M <= 16 rows with unit last strides")
+    block_n, block_k, warps, programs_per_sm = config
+    block_m = 1 << (m - 1).bit_length()
+    tiles = cdiv(n, block_n)
+    split, k_per_split = _split(tiles, k, block_k, x.device, programs_per_sm)
+    out = alloc.empty((m, n), x.dtype, x.device)
+    has_bias = bias is not None
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    counters = _counters(x.device, tiles) if split > 1 else ws
+    _dense_gemv((tiles, split), (x, w, bias if has_bias else w, out, ws, counters, m, n, k, x.stride(0), w.stride(0),
+                                 k_per_split, split, has_bias, split > 1, True, block_m, block_n, block_k),
+                num_warps=warps, num_stages=1)
+    return out
