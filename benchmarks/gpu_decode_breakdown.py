@@ -44,16 +44,29 @@ RESULTS: dict[str, Any] = {"step": {}, "sweep": [], "errors": []}
 SHAPES_1B = [(3072, 2048, "1B qkv"), (2048, 2048, "1B o"), (16384, 2048, "1B gate_up"), (2048, 8192, "1B down"),
              (128256, 2048, "1B lm_head")]
 SHAPES_8B = [(6144, 4096, "8B qkv"), (4096, 4096, "8B o"), (28672, 4096, "8B gate_up"), (4096, 14336, "8B down")]
-#: (BLOCK_N, BLOCK_K, warps, programs per SM)
-DENSE_CONFIGS = [(32, 256, 4, 4), (16, 512, 4, 4), (64, 128, 4, 4), (32, 512, 8, 4), (64, 256, 8, 4),
-                 (32, 256, 4, 8), (16, 256, 2, 8), (8, 1024, 4, 4), (32, 256, 4, 2)]
+#: (BLOCK_N, BLOCK_K, warps, programs per SM); None: ``dense_gemv.config_for``'s choice
+DENSE_CONFIGS = [None, (8, 1024, 4, 4), (4, 2048, 4, 4), (8, 2048, 8, 4), (16, 1024, 8, 4), (4, 1024, 2, 4),
+                 (8, 1024, 4, 1), (16, 512, 4, 4), (32, 256, 4, 2)]
 #: ((BLOCK_M, BLOCK_N, BLOCK_K, dot, warps, stages), programs per SM, fixup)
-INT4_CONFIGS = [((1, 128, 128, False, 4, 3), 4, True), ((1, 64, 128, False, 4, 3), 4, True),
-                ((1, 128, 256, False, 4, 3), 4, True), ((1, 128, 256, False, 8, 3), 4, True),
-                ((1, 64, 256, False, 4, 3), 4, True), ((1, 128, 128, False, 4, 3), 8, True),
-                ((1, 128, 128, False, 4, 3), 2, True), ((1, 256, 128, False, 8, 3), 4, True),
-                ((1, 128, 512, False, 8, 3), 4, True), ((1, 32, 256, False, 2, 3), 8, True),
-                ((1, 128, 128, False, 4, 3), 4, False), ((1, 64, 512, False, 4, 3), 4, True)]
+INT4_CONFIGS = [((1, 16, 2048, False, 4, 1), 4, True), ((1, 16, 2048, False, 4, 1), 1, True),
+                ((1, 8, 2048, False, 4, 1), 4, True), ((1, 32, 1024, False, 4, 1), 4, True),
+                ((1, 32, 2048, False, 8, 1), 4, True), ((1, 64, 1024, False, 8, 1), 4, True),
+                ((1, 8, 1024, False, 2, 1), 4, True), ((1, 16, 1024, False, 4, 1), 4, True),
+                ((1, 16, 2048, False, 4, 1), 4, False), ((1, 128, 128, False, 4, 3), 4, True)]
+INT8_CONFIGS = [((1, 16, 1024, False, 4, 1), 4, False), ((1, 16, 1024, False, 4, 1), 4, True),
+                ((1, 8, 1024, False, 4, 1), 4, False), ((1, 32, 512, False, 4, 1), 4, False),
+                ((1, 16, 512, False, 4, 1), 4, False), ((1, 32, 1024, False, 8, 1), 4, False),
+                ((1, 16, 1024, False, 4, 1), 1, False)]
+
+
+def flagged(module: Any, name: str, value: Any, fn: Callable[[], Any]) -> Any:
+    """fn() with ``module.name`` set to value (restored after)."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        return fn()
+    finally:
+        setattr(module, name, old)
 
 
 def graph_us(fns: list[Callable[[], Any]], replays: int = 20) -> float:
@@ -110,32 +123,31 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
     timed("cublas bf16", [lambda w=w: torch.nn.functional.linear(x, w) for w in dense],
           lambda: torch.nn.functional.linear(x, dense[0]), ref)
     for cfg in DENSE_CONFIGS:
-        timed(f"dense gemv {cfg}", [lambda w=w, c=cfg: dense_gemv(x, w, config=c) for w in dense],
+        timed(f"dense gemv {cfg or 'rule'}", [lambda w=w, c=cfg: dense_gemv(x, w, config=c) for w in dense],
               lambda c=cfg: dense_gemv(x, dense[0], config=c), ref)
     del dense
-    int4_l = copies_for(n * k // 2, smoke)
-    q4 = [opforge.quantize_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02,
-                                  bits=4, group_size=128) for _ in range(int4_l)]
-    ref4 = oracle(x, q4[0])
-    calls = [qproblem.prepare(x, q, None) for q in q4]
-    timed("int4 linear", [lambda q=q: opforge.linear(x, q) for q in q4], lambda: opforge.linear(x, q4[0]), ref4)
-    for cfg, pps, fix in INT4_CONFIGS:
-        name = f"int4 {cfg[1:3]} w{cfg[4]} pps{pps}{' fixup' if fix else ' combine'}"
-        timed(name, [lambda c=c, cfg=cfg, pps=pps, fix=fix: qk.launch_config(c, cfg, pps, fix) for c in calls],
-              lambda cfg=cfg, pps=pps, fix=fix: qk.launch_config(calls[0], cfg, pps, fix), ref4)
-    if device == "cuda":
-        try:
-            packs = [tinygemm_pack(q)[0] for q in q4]
-            timed("tinygemm int4", [lambda p=p: p(x) for p in packs], lambda: packs[0](x), ref4)
-        except Exception as exc:
-            RESULTS["errors"].append(f"{label} tinygemm: {exc}"[:300])
-    del q4, calls
-    int8_l = copies_for(n * k, smoke)
-    q8 = [opforge.quantize_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02,
-                                  bits=8, group_size=-1, symmetric=True) for _ in range(int8_l)]
-    timed("int8 per-ch linear", [lambda q=q: opforge.linear(x, q) for q in q8], lambda: opforge.linear(x, q8[0]),
-          oracle(x, q8[0]))
-    del q8
+    for bits, configs in ((4, INT4_CONFIGS), (8, INT8_CONFIGS)):
+        group, sym = (128, False) if bits == 4 else (-1, True)
+        n_copies = copies_for(n * k * bits // 8, smoke)
+        qs = [opforge.quantize_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02,
+                                      bits=bits, group_size=group, symmetric=sym) for _ in range(n_copies)]
+        want = oracle(x, qs[0])
+        calls = [qproblem.prepare(x, q, None) for q in qs]
+        fns = [lambda q=q: opforge.linear(x, q) for q in qs]
+        timed(f"int{bits} linear", fns, lambda: opforge.linear(x, qs[0]), want)
+        flagged(qk, "WIDE_K", True, lambda: timed(f"int{bits} linear wide", fns, lambda: opforge.linear(x, qs[0]),
+                                                   want))
+        for cfg, pps, fix in configs:
+            name = f"int{bits} {cfg[1:3]} w{cfg[4]} pps{pps}{' fixup' if fix else ' combine'}"
+            timed(name, [lambda c=c, cfg=cfg, pps=pps, fix=fix: qk.launch_config(c, cfg, pps, fix) for c in calls],
+                  lambda cfg=cfg, pps=pps, fix=fix: qk.launch_config(calls[0], cfg, pps, fix), want)
+        if device == "cuda" and bits == 4:
+            try:
+                packs = [tinygemm_pack(q)[0] for q in qs]
+                timed("tinygemm int4", [lambda p=p: p(x) for p in packs], lambda: packs[0](x), want)
+            except Exception as exc:
+                RESULTS["errors"].append(f"{label} tinygemm: {exc}"[:300])
+        del qs, calls, fns
     base = row["us"].get("cublas bf16")
     line = "  ".join(f"{name} {us:.1f}" for name, us in sorted(row["us"].items(), key=lambda kv: kv[1])[:8])
     print(f"{label} ({n}x{k}) bf16 {base}: {line}", flush=True)
@@ -190,24 +202,69 @@ def step_breakdown(device: str, smoke: bool) -> None:
             torch.cuda.empty_cache()
 
 
+def model_variants(device: str, smoke: bool) -> None:
+    """The 1B model's decode step (graph replay) under each launch setting: the dense GEMV on/off
+    (bf16), wide-K tiles on/off (int4, int8), the output head dense or quantized."""
+    from opforge.models import load
+    from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
+    from opforge.ops.quant import dense_gemv as dg
+    config = dict(TINY_LLAMA, vocab_size=256) if smoke else LLAMA_1B
+    path = write_random_checkpoint(config, tempfile.mkdtemp(prefix="opforge-variants-"), device, torch.bfloat16)
+    out = RESULTS.setdefault("models", {})
+    for quant, head in ((None, False), ("int4", False), ("int4", True), ("int8", False), ("int8", True)):
+        kw = dict(group_size=32) if smoke else {}
+        model = load(path, device=device, dtype=torch.bfloat16, quantize=quant, quantize_head=head, max_seq_len=1024,
+                     max_batch=1, **kw)
+        ids = torch.randint(0, config["vocab_size"], (1, 512), device=device)
+        model.prefill(ids, torch.tensor([512]))
+        tok, seqlens = ids[:, -1].clone(), model.cache_seqlens[:1]
+        ref = model.decode_step(tok, seqlens)
+        settings = [("cublas", dg, "DENSE_GEMV", False), ("dense_gemv", dg, "DENSE_GEMV", True)] if quant is None \
+            else [("default", qk, "WIDE_K", False), ("wide_k", qk, "WIDE_K", True),
+                  ("wide_k+dense_gemv", None, None, None)]
+        for name, module, flag, value in settings:
+            def run() -> None:
+                logits = model.decode_step(tok, seqlens)
+                err = rel_error(logits, ref)
+                us = graph_us([lambda: model.decode_step(tok, seqlens)], replays=30) if device == "cuda" else 0.0
+                label = f"{quant or 'bf16'}{' head' if head else ''} {name}"
+                out[label] = {"step_us": us, "tokens_per_s": 1e6 / us if us else 0.0, "logits_rel_vs_default": err,
+                              "weight_bytes": model.weight_bytes()}
+                print(f"model {label}: step {us:.0f} us = {1e6 / max(us, 1e-9):.0f} tokens/s, logits vs default "
+                      f"{err:.2e}, weights {model.weight_bytes() / 1e9:.2f} GB", flush=True)
+            try:
+                if module is None:
+                    flagged(qk, "WIDE_K", True, lambda: flagged(dg, "DENSE_GEMV", True, run))
+                else:
+                    flagged(module, flag, value, run)
+            except Exception as exc:
+                RESULTS["errors"].append(f"model {quant} {head} {name}: {type(exc).__name__}: {str(exc)[:300]}")
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--part", choices=("step", "sweep", "both"), default="both")
+    parser.add_argument("--part", choices=("step", "sweep", "models", "all"), default="all")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the sweep part")
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = parser.parse_args()
     smoke = args.cpu_smoke or not torch.cuda.is_available()
     device = "cpu" if smoke else "cuda"
     RESULTS["device"] = "cpu smoke" if smoke else torch.cuda.get_device_name()
-    if args.part in ("step", "both"):
+    if args.part in ("step", "all"):
         step_breakdown(device, smoke)
-    if args.part in ("sweep", "both"):
+    if args.part in ("models", "all"):
+        model_variants(device, smoke)
+    if args.part in ("sweep", "all"):
         deadline = time.time() + args.budget
         shapes = [(64, 256, "smoke")] if smoke else SHAPES_1B + SHAPES_8B
         if smoke:
-            del DENSE_CONFIGS[2:], INT4_CONFIGS[2:]
             DENSE_CONFIGS[:] = [(16, 64, 1, 1), (8, 128, 1, 2)]
+            del INT4_CONFIGS[1:], INT8_CONFIGS[1:]
+            INT4_CONFIGS[0] = INT8_CONFIGS[0] = ((1, 16, 256, False, 4, 1), 4, True)
         for n, k, label in shapes:
             sweep_shape(n, k, label, device, smoke, deadline)
     os.makedirs(args.out, exist_ok=True)

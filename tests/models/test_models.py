@@ -143,6 +143,23 @@ def test_quantized_models_run_close_to_dense():
     assert len(m4.generate([1, 2, 3], 4)[0]) == 4
 
 
+def test_quantize_head_quantizes_a_copy_of_the_tied_embedding():
+    """quantize_head: the output head becomes a QuantizedWeight whose logits match the dense-head
+    model's up to the head's own quantization; the (tied) embedding stays dense for the lookup."""
+    ids = torch.tensor([[1, 2, 3, 4]])
+    config = dict(TINY_LLAMA, tie_word_embeddings=True)
+    dense_head = tiny_decoder(config, quantize="int8", max_seq_len=32, group_size=32)
+    q_head = tiny_decoder(config, quantize="int8", max_seq_len=32, group_size=32, quantize_head=True)
+    assert type(q_head.lm_head).__name__ == "QuantizedWeight" and isinstance(q_head.embed, torch.Tensor)
+    assert torch.equal(q_head.embed, dense_head.embed)
+    y = q_head._run(ids, lambda i, layer, h: q_head._out(layer, opforge.attention(
+        *q_head._qkv(layer, h, torch.arange(4, dtype=torch.int32)[None]), causal=True, scale=q_head.scale)))
+    want = y.double() @ q_head.lm_head.dequantize(torch.float64).T
+    assert rel_error(q_head.logits(y), want) < 1e-5
+    assert rel_error(q_head.forward(ids), dense_head.forward(ids)) < 5e-2
+    assert q_head.weight_bytes() < dense_head.weight_bytes()
+
+
 _STEP_OPS = {"linear", "rms_norm", "add_rms_norm", "swiglu", "rotary_kv_cache_append", "decode_attention"}
 
 

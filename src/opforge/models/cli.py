@@ -37,6 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--prompt-ids", help="comma-separated token ids instead of text")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--quantize", choices=["int8", "int4"])
+    parser.add_argument("--quantize-head", action="store_true", help="with --quantize, also the output head")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--top-p", type=float)
@@ -67,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not ids:
             print(f"error: the tokenizer turned --prompt {args.prompt!r} into no tokens", file=sys.stderr)
             return 2
-    model = load(args.model_dir, device=args.device, quantize=args.quantize,
+    model = load(args.model_dir, device=args.device, quantize=args.quantize, quantize_head=args.quantize_head,
                  max_seq_len=min(args.max_seq_len, len(ids) + args.max_new_tokens + 1))
     if model.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(model.device)

@@ -19,7 +19,7 @@ _QUANT_BITS = {"int8": 8, "int4": 4}
 
 def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
          dtype: Optional[torch.dtype] = None, quantize: Optional[str] = None, max_seq_len: int = 4096,
-         max_batch: int = 1, group_size: int = 128) -> Decoder:
+         max_batch: int = 1, group_size: int = 128, quantize_head: bool = False) -> Decoder:
     """Load a Llama/Mistral/Qwen2/Qwen3 checkpoint (``config.json`` + ``*.safetensors``).
 
     Args:
@@ -30,6 +30,9 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
             ``opforge.QuantizedWeight`` (embedding, norms and the output head stay dense).
         max_seq_len, max_batch: the static KV cache, preallocated here.
         group_size: quantization group along the input dimension.
+        quantize_head: with ``quantize``, also quantize the output head (the largest single
+            weight a decode step reads: 0.53 GB of the 1B model's 2.47). With tied embeddings
+            the embedding table stays dense for the lookup and the head is a quantized copy of it.
 
     Raises:
         UnsupportedModelError: an architecture or config field this decoder does not implement,
@@ -100,6 +103,8 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     embed = take("embed_tokens.weight")
     head = take("lm_head.weight", required=not config.tie_word_embeddings)
     lm_head = embed if head is None else head
+    if quantize_head and quantize is not None:
+        lm_head = project(lm_head, "lm_head")
     norm = take("norm.weight")
     leftover = sorted(k for k in tensors if not k.endswith("rotary_emb.inv_freq"))   # o_proj/mlp biases land here
     if leftover:

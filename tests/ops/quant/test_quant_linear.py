@@ -326,3 +326,29 @@ def test_empty_inner_dimension_gives_the_bias_like_f_linear():
     x, w, b = torch.randn(3, 0), torch.randn(4, 0), torch.randn(4)
     torch.testing.assert_close(opforge.linear(x, w), F.linear(x, w))
     torch.testing.assert_close(opforge.linear(x, w, b), F.linear(x, w, b))
+
+
+@pytest.mark.parametrize("bits,group_size,symmetric", [(4, 128, False), (4, -1, True), (8, -1, True), (8, 128, False)])
+@pytest.mark.parametrize("k", [512, 4096])
+def test_wide_k_gemv_tiles(monkeypatch, bits, group_size, symmetric, k):
+    """WIDE_K: one row of x on K tiles of up to 2048 (int4) / 1024 (int8) codes, the whole of K
+    in one or two steps (split in two at K=4096 here: the fixup for int4, the combine for int8),
+    ragged N, a bias; against the float64 oracle."""
+    from opforge.ops.quant.problem import prepare
+    monkeypatch.setattr(tk, "WIDE_K", True)
+    n = 24
+    qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, group_size, symmetric)
+    x = torch.randn(1, k, device=DEVICE, dtype=torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
+    cfg = tk.tile_config(prepare(x, qw, bias).problem)
+    assert cfg == tk.wide_k_config(prepare(x, qw, bias).problem) and cfg[2] == min(k, 2048 if bits == 4 else 1024)
+    y, event = run_triton(x, qw, bias)
+    assert event.variant == "decode"
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
+
+
+def test_wide_k_config_leaves_groups_that_do_not_divide_the_tile():
+    from opforge.ops.quant.problem import LinearProblem
+    assert tk.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 384, 4, 96, False, False, "cuda")) is None
+    assert tk.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 8192, 8, -1, True, False, "cuda")) == \
+        (1, 16, 1024, False, 4, 1)

@@ -41,6 +41,12 @@ from .problem import OPS, LinearCall, prepare
 from .weight import QuantizedWeight, quantize_weight
 
 
+try:   # the dense GEMV needs triton (absent on Macs)
+    from . import dense_gemv
+except ImportError:
+    dense_gemv = None
+
+
 def _torch_launch(call: LinearCall) -> torch.Tensor:
     return reference.run(call.x, call.w, call.bias).view(call.out_shape)
 
@@ -61,6 +67,10 @@ def _problem_builder(op: str):
 
 def _dense(call: LinearCall) -> torch.Tensor:
     return F.linear(call.x, call.w, call.bias).view(call.out_shape)
+
+
+def _dense_gemv(call: LinearCall) -> torch.Tensor:
+    return dense_gemv.dense_gemv(call.x, call.w, call.bias).view(call.out_shape)
 
 
 @compiled("linear", None, route=fakes.route_linear)
@@ -93,6 +103,10 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
     call = prepare(x, w, bias)
     p = call.problem
     if p.dense:
+        if dense_gemv is not None and dense_gemv.supported(call.x, call.w, p.m):
+            if trace._active:
+                return trace.run_traced("linear", "triton", "dense_gemv", x, call.note, _dense_gemv, call)
+            return _dense_gemv(call)
         if trace._active:
             return trace.run_traced("linear", "torch", "dense", x, call.note, _dense, call)
         return _dense(call)

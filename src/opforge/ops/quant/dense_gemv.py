@@ -12,6 +12,7 @@ unless ``DENSE_GEMV`` is on (off by default: see ``benchmarks/NOTES.md``).
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -22,11 +23,13 @@ from ...runtime import alloc
 from ...runtime.launch import TritonLauncher, cdiv
 from .triton_kernels import _counters, _split, _store
 
-#: Whether ``linear`` runs this kernel for dense weights with M <= ``DENSE_GEMV_MAX_M`` on CUDA.
-DENSE_GEMV = False
-DENSE_GEMV_MAX_M = 4
-#: (BLOCK_N, BLOCK_K, num_warps, programs per SM) by default.
+#: Whether ``linear`` runs this kernel for a dense fp16/bf16 weight and one row of x on CUDA
+#: (``OPFORGE_DENSE_GEMV=1``, read at import; off by default until measured end to end).
+DENSE_GEMV = os.environ.get("OPFORGE_DENSE_GEMV", "0") not in ("", "0")
+#: (BLOCK_N, BLOCK_K, num_warps, programs per SM) when no config is given.
 DEFAULT_CONFIG = (32, 256, 4, 4)
+#: Bytes of weight per program step in ``config_for`` (16-byte loads, all in flight at once).
+STEP_BYTES = 16384
 
 
 @triton.jit
@@ -71,11 +74,33 @@ def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
 _dense_gemv = TritonLauncher(_dense_gemv_kernel)
 
 
+def config_for(n: int, k: int, itemsize: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, programs per SM) for an (N, K) weight: up to 1024 columns (2 KB
+    of a 16-bit row) per step, ``STEP_BYTES`` per program step, 4 warps.
+
+    Example:
+        >>> config_for(3072, 2048, 2)
+        (8, 1024, 4, 4)
+    """
+    block_k = min(1024, 1 << (max(k, 16).bit_length() - 1))
+    block_n = max(4, min(64, STEP_BYTES // (block_k * itemsize)))
+    return block_n, block_k, 4, 4
+
+
+def supported(x: torch.Tensor, w: torch.Tensor, m: int) -> bool:
+    """Whether ``linear`` sends this dense call here: ``DENSE_GEMV`` on, one row, fp16/bf16 on CUDA,
+    a weight with unit last stride, compiled Triton (not the interpreter)."""
+    from ...runtime.backends import triton_interpreting
+    return DENSE_GEMV and m == 1 and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) \
+        and w.stride(-1) == 1 and not triton_interpreting()
+
+
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               config: tuple = DEFAULT_CONFIG) -> torch.Tensor:
+               config: Optional[tuple] = None) -> torch.Tensor:
     """``x @ w.T + bias`` for x (M <= 16, K) with unit last stride and a row-major (N, K) weight.
 
-    ``config`` = (BLOCK_N, BLOCK_K, num_warps, programs per SM). Float32 accumulation.
+    ``config`` = (BLOCK_N, BLOCK_K, num_warps, programs per SM), default ``config_for``. Float32
+    accumulation; the weight may be a row slice (any row stride).
 
     Example:
         >>> import os; interp = os.environ.get("TRITON_INTERPRET") == "1"
@@ -88,7 +113,7 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = 
     n = w.shape[0]
     if m > 16 or x.stride(-1) != 1 or w.stride(-1) != 1:
         raise ValueError("dense_gemv takes M <= 16 rows with unit last strides")
-    block_n, block_k, warps, programs_per_sm = config
+    block_n, block_k, warps, programs_per_sm = config or config_for(n, k, w.element_size())
     block_m = 1 << (m - 1).bit_length()
     tiles = cdiv(n, block_n)
     split, k_per_split = _split(tiles, k, block_k, x.device, programs_per_sm)

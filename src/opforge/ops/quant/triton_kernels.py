@@ -43,6 +43,7 @@ reports registers, spills and shared memory per config for sm_90 without a GPU.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import torch
@@ -74,6 +75,13 @@ SPLIT_FIXUP = False
 #: counters are per device and stream (``_counters``).
 SPLIT_FIXUP_GEMV = True
 SPLIT_FIXUP_DOT = False
+#: Wide-K GEMV tiles for M = 1 (``wide_k_config``): each program step loads ``WIDE_K_BYTES`` of
+#: packed words at once (up to 2048 int4 / 1024 int8 codes per row), so a decode-sized weight is
+#: read in one or a few steps with every load in flight, instead of 8 KB steps over many K splits.
+#: ``OPFORGE_QUANT_WIDE_K=1`` turns it on (read at import; the kernels read this attribute).
+WIDE_K = os.environ.get("OPFORGE_QUANT_WIDE_K", "0") not in ("", "0")
+WIDE_K_BYTES = 16384
+WIDE_K_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -414,6 +422,10 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
         (1, 128, 128, False, 4, 3)
     """
     g = p.k if p.group >= p.k else p.group
+    if WIDE_K and p.m == 1 and _gemv_ok(p):
+        wide = wide_k_config(p)
+        if wide is not None:
+            return wide
     if p.m <= GEMV_ROWS and _gemv_ok(p):
         block_m = _pow2_ge(p.m)
         # int4 128 features (4 rows per thread; 255 registers, no spills at 4 rows of x), int8 64
@@ -429,6 +441,30 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     block_m = 64 if p.m < 256 else 128
     block_n = 128 if p.n >= 128 else 64
     return block_m, block_n, min(_pow2_le(g), 64), True, 8 if block_m == 128 else 4, 3
+
+
+def wide_k_config(p: LinearProblem) -> Optional[tuple[int, int, int, bool, int, int]]:
+    """The wide-K GEMV tile for one row of x (see ``WIDE_K``), or None where the group does not
+    divide the K tile: BLOCK_K the largest power of two <= K up to 2048 int4 / 1024 int8 codes
+    (1 KB of packed row), BLOCK_N = ``WIDE_K_BYTES`` / that (8 .. 64 features), 4 warps.
+
+    Example:
+        >>> wide_k_config(LinearProblem(torch.bfloat16, 1, 2048, 8192, 4, 128, False, False, "cuda"))
+        (1, 16, 2048, False, 4, 1)
+    """
+    block_k = min(2048 if p.bits == 4 else 1024, _pow2_le(p.k))
+    per_row = p.group >= p.k or p.group <= 0
+    if not per_row and block_k % p.group:
+        return None
+    block_n = max(8, min(64, WIDE_K_BYTES // (block_k * p.bits // 8)))
+    return 1, block_n, block_k, False, 4, 1
+
+
+def _programs_per_sm(config: tuple) -> int:
+    """K splits aim at this many programs per SM: fewer for wide-K GEMV tiles (their steps are
+    few and large; each split adds a partial write and a fixup)."""
+    wide = not config[3] and config[2] > 128
+    return WIDE_K_PROGRAMS_PER_SM if wide else PROGRAMS_PER_SM
 
 
 def _gemv_ok(p: LinearProblem) -> bool:
@@ -500,7 +536,8 @@ def split_fixup(config: tuple, bits: int = 4) -> bool:
 
 def launch(call: LinearCall) -> torch.Tensor:
     """Run the kernel for ``call`` (either variant: the tile config tells them apart)."""
-    return launch_config(call, tile_config(call.problem))
+    config = tile_config(call.problem)
+    return launch_config(call, config, _programs_per_sm(config))
 
 
 def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM,
