@@ -89,7 +89,7 @@ def targets(limit: float) -> list[dict]:
     bf16 = _tps("opforge bf16 decode b1")
     target("bf16 decode b1 >= 70% of the weight-bandwidth limit", None if bf16 is None else bf16 >= 0.7 * limit,
            f"{bf16 or 0:.0f} tokens/s = {100 * (bf16 or 0) / limit:.0f}% of {limit:.0f}")
-    for q, want in (("int4", 1.8), ("int8", 1.4)):
+    for q, want in (("int4", 1.8), ("int8", 1.4), ("int4+head", 1.8), ("int8+head", 1.4)):
         tq = _tps(f"opforge {q} decode b1")
         ok = None if tq is None or not bf16 else tq >= want * bf16
         target(f"{q} decode b1 >= {want}x opforge bf16", ok, f"{tq or 0:.0f} tokens/s = {(tq or 0) / (bf16 or 1):.2f}x")
@@ -252,13 +252,14 @@ def main() -> int:
             return math.exp(-float(logp.gather(-1, stream[0, 1:, None].to(device)).mean()))
         RESULTS["bf16_perplexity_random_stream"] = perplexity(model)
         print(f"bf16 perplexity on the random stream: {RESULTS['bf16_perplexity_random_stream']:.4g}", flush=True)
-        for q in ("int8", "int4"):
+        for q, quantize_head in (("int8", False), ("int4", False), ("int8", True), ("int4", True)):
             qm = load(path, device=device, dtype=torch.bfloat16, quantize=q, max_seq_len=max_seq,
-                      group_size=32 if smoke else 128)
+                      group_size=32 if smoke else 128, quantize_head=quantize_head)
+            q = q + "+head" if quantize_head else q
             err = rel(qm.forward(ids).float(), ref)
             ppl = perplexity(qm)
             quantized[q] = qm
-            head = qm.lm_head.numel() * qm.lm_head.element_size()
+            head = qm.lm_head.numel() * qm.lm_head.element_size() if isinstance(qm.lm_head, torch.Tensor) else 0
             RESULTS[f"{q}_weight_bytes"] = qm.weight_bytes()
             RESULTS[f"{q}_dense_lm_head_bytes"] = head
             print(f"{q}: weights read per decode step {qm.weight_bytes() / 1e9:.3f} GB, of which the dense "
@@ -267,7 +268,7 @@ def main() -> int:
             RESULTS[f"{q}_perplexity_random_stream"] = ppl
             check(f"{q}: runs; logits rel err vs bf16 {err:.3e}, perplexity on random tokens {ppl:.4g} "
                   f"(bf16: {RESULTS['bf16_perplexity_random_stream']:.4g}; reported)",
-                  math.isfinite(err) and err < (0.05 if q == "int8" else 0.5))
+                  math.isfinite(err) and err < (0.05 if q.startswith("int8") else 0.5))
     guarded("quantized", quantized_checks)
 
     # ---- timings ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def test_dense_gemv_refuses_what_it_cannot_read():
 
 
 def test_config_for_keeps_steps_at_16_kb():
-    assert dg.config_for(3072, 2048, 2) == (8, 1024, 4, 4)
+    assert dg.config_for(3072, 2048, 2) == (4, 2048, 4, 4)
     assert dg.config_for(64, 100, 2) == (64, 64, 4, 4)
 
 

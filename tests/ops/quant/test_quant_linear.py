@@ -187,10 +187,11 @@ def test_dequant_gemm_variant_for_many_rows(monkeypatch):
 
 
 @pytest.mark.parametrize("m", [1, 4, 20])
-def test_in_kernel_split_reduction_matches_the_combine_kernel(m):
+def test_in_kernel_split_reduction_matches_the_combine_kernel(monkeypatch, m):
     """FIXUP (the last split of a tile adds the partials) gives the combine kernel's bits, and
     leaves the tile counters at zero for the next call."""
     from opforge.ops.quant import problem
+    monkeypatch.setattr(tk, "WIDE_K", False)   # 128-code K tiles: K=2048 splits (wide-K: test_wide_k_gemv_tiles)
     qw = opforge.quantize_weight(torch.randn(40, 2048, device=DEVICE), 4, 128)
     x = torch.randn(m, 2048, device=DEVICE, dtype=torch.float16)
     bias = torch.randn(40, device=DEVICE, dtype=torch.float16)
@@ -248,6 +249,7 @@ def test_default_launch_choices_per_row_bucket(monkeypatch, tuned, bits, m):
     counters left at zero."""
     from opforge.ops.quant import problem
     monkeypatch.setattr(problem, "TUNED", tuned)
+    monkeypatch.setattr(tk, "WIDE_K", False)     # M=1's wide-K tiles have their own test
     block_n, block_k, use_dot, fixup = (TUNED_CHOICES if tuned else DEFAULT_CHOICES)[bits, m]
     n, k = 40, 2048
     qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, 128)
@@ -296,6 +298,9 @@ def test_default_choices_are_mains(monkeypatch):
     assert problem.dequant_gemm_min_m() == 1024
     assert [prob(4, 128, m).large for m in (255, 256, 1023, 1024)] == [False, False, False, True]
     monkeypatch.setattr(problem, "TUNED", True)
+    wide = {key for key in MAIN_TILES if key[2] == 1}     # session 5: M=1 takes wide-K tiles when tuned
+    assert {key for key in wide if tk.tile_config(prob(*key)) == tk.wide_k_config(prob(*key))} == wide
+    monkeypatch.setattr(tk, "WIDE_K", False)
     changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
     assert changed == {(4, 128, 5), (4, 128, 16), (4, 128, 33), (4, 128, 64), (4, -1, 16), (4, -1, 64)}
     assert [tk.split_fixup(MAIN_TILES[key], key[0]) for key in ((4, 128, 1), (8, 128, 2), (4, 128, 16))] == \
@@ -336,7 +341,7 @@ def test_wide_k_gemv_tiles(monkeypatch, bits, group_size, symmetric, k):
     ragged N, a bias; against the float64 oracle."""
     from opforge.ops.quant.problem import prepare
     monkeypatch.setattr(tk, "WIDE_K", True)
-    n = 24
+    n = 12
     qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, group_size, symmetric)
     x = torch.randn(1, k, device=DEVICE, dtype=torch.bfloat16)
     bias = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
@@ -351,4 +356,4 @@ def test_wide_k_config_leaves_groups_that_do_not_divide_the_tile():
     from opforge.ops.quant.problem import LinearProblem
     assert tk.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 384, 4, 96, False, False, "cuda")) is None
     assert tk.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 8192, 8, -1, True, False, "cuda")) == \
-        (1, 16, 1024, False, 4, 1)
+        (1, 8, 1024, False, 4, 1)

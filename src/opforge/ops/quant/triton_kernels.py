@@ -75,12 +75,17 @@ SPLIT_FIXUP = False
 #: counters are per device and stream (``_counters``).
 SPLIT_FIXUP_GEMV = True
 SPLIT_FIXUP_DOT = False
-#: Wide-K GEMV tiles for M = 1 (``wide_k_config``): each program step loads ``WIDE_K_BYTES`` of
-#: packed words at once (up to 2048 int4 / 1024 int8 codes per row), so a decode-sized weight is
-#: read in one or a few steps with every load in flight, instead of 8 KB steps over many K splits.
-#: ``OPFORGE_QUANT_WIDE_K=1`` turns it on (read at import; the kernels read this attribute).
-WIDE_K = os.environ.get("OPFORGE_QUANT_WIDE_K", "0") not in ("", "0")
-WIDE_K_BYTES = 16384
+#: Wide-K GEMV tiles for M = 1 (``wide_k_config``): each program step loads 8 KB of packed
+#: words at once, as 8 rows of 1 KB (2048 int4 / 1024 int8 codes) or, for N >= ``WIDE_K_WIDE_N``,
+#: 16 rows of 512 B, so a decode-sized weight is read in one or a few steps with every load in
+#: flight, instead of 8 KB steps of 128 codes over up to 16 K splits. H100 sweep (session 5,
+#: CUDA graphs over L2-cold weights, ``benchmarks/gpu_decode_breakdown.py``): 1B qkv/o/gate_up/down
+#: 4.6/4.0/12.5/9.2 us vs 6.8/6.1/13.4/10.2 with the 128x128 tiles (torch's tinygemm 4.1/3.8/12.0/8.3).
+#: Part of the tuned choices (``OPFORGE_QUANT_TUNED=0`` leaves it out too); ``OPFORGE_QUANT_WIDE_K=0``
+#: turns it off alone (read at import; the kernels read this attribute).
+WIDE_K = os.environ.get("OPFORGE_QUANT_WIDE_K", "1") not in ("", "0")
+WIDE_K_STEP_BYTES = 8192
+WIDE_K_WIDE_N = 16384
 WIDE_K_PROGRAMS_PER_SM = 4
 
 
@@ -422,7 +427,7 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
         (1, 128, 128, False, 4, 3)
     """
     g = p.k if p.group >= p.k else p.group
-    if WIDE_K and p.m == 1 and _gemv_ok(p):
+    if WIDE_K and qproblem.TUNED and p.m == 1 and _gemv_ok(p):
         wide = wide_k_config(p)
         if wide is not None:
             return wide
@@ -445,18 +450,21 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
 
 def wide_k_config(p: LinearProblem) -> Optional[tuple[int, int, int, bool, int, int]]:
     """The wide-K GEMV tile for one row of x (see ``WIDE_K``), or None where the group does not
-    divide the K tile: BLOCK_K the largest power of two <= K up to 2048 int4 / 1024 int8 codes
-    (1 KB of packed row), BLOCK_N = ``WIDE_K_BYTES`` / that (8 .. 64 features), 4 warps.
+    divide the K tile: rows of 1 KB of packed codes (512 B from N = ``WIDE_K_WIDE_N``; K itself
+    if shorter, rounded down to a power of two), ``WIDE_K_STEP_BYTES`` per step, 4 warps.
 
     Example:
         >>> wide_k_config(LinearProblem(torch.bfloat16, 1, 2048, 8192, 4, 128, False, False, "cuda"))
-        (1, 16, 2048, False, 4, 1)
+        (1, 8, 2048, False, 4, 1)
+        >>> wide_k_config(LinearProblem(torch.bfloat16, 1, 16384, 2048, 8, -1, True, False, "cuda"))
+        (1, 16, 512, False, 4, 1)
     """
-    block_k = min(2048 if p.bits == 4 else 1024, _pow2_le(p.k))
+    row_bytes = 1024 if p.n < WIDE_K_WIDE_N else 512
+    block_k = min(row_bytes * 8 // p.bits, _pow2_le(p.k))
     per_row = p.group >= p.k or p.group <= 0
     if not per_row and block_k % p.group:
         return None
-    block_n = max(8, min(64, WIDE_K_BYTES // (block_k * p.bits // 8)))
+    block_n = max(8, min(64, WIDE_K_STEP_BYTES // (block_k * p.bits // 8)))
     return 1, block_n, block_k, False, 4, 1
 
 
