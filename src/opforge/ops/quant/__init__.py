@@ -17,11 +17,14 @@ tensor-core operand, so the result is what the QuantizedWeight represents up to 
 accumulation (the ``dequant_gemm`` variant, for M >= 256 rows, rounds the dequantized weight
 to x's dtype and lets cuBLAS multiply). Every call validates its arguments, selects a variant (Triton on CUDA, Metal
 ``qmv``/``qmm`` on MPS (``opforge.ops.quant.metal``, verified by emulation only), the torch path elsewhere), runs it and, inside ``opforge.trace()``,
-records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend.
+records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend,
+except one row of x (decode) with an fp16/bf16 weight on CUDA: opforge's dense GEMV
+(``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``; ``OPFORGE_DENSE_GEMV=0`` turns it off).
 
 Launch choices (tiles, K splits, variant thresholds) are by default the round-3 H100 sweep's,
 measured end to end in session 4 (``benchmarks/gpu_check_quant.py --tuned``): the in-kernel split
-reduction for the int4 GEMV kernel (M <= 4), int4 tiles of 128 features for M 5..16 and BLOCK_K
+reduction for the int4 GEMV kernel (M <= 4), wide-K GEMV tiles for one row (session 5's sweep,
+``triton_kernels.WIDE_K``), int4 tiles of 128 features for M 5..16 and BLOCK_K
 128 for M 33..64, and the ``dequant_gemm`` variant from M >= 256 rows. ``OPFORGE_QUANT_TUNED=0``
 in the environment (read once, when this family is imported; ``opforge.ops.quant.problem.TUNED``)
 restores the earlier choices (combine kernel, 64-feature tiles, ``dequant_gemm`` from 1024 rows).
@@ -81,7 +84,8 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
         x: (..., K) float16 or bfloat16 for the kernels (float32 and float64 run on the torch
             path). Rows may be strided; a non-contiguous last dimension is copied (trace says so).
         w: a ``QuantizedWeight`` of shape (N, K), or a dense (N, K) tensor of x's dtype (then
-            torch's ``F.linear`` runs, and the trace says ``torch``/``dense``).
+            torch's ``F.linear`` runs, and the trace says ``torch``/``dense``; for one row of
+            fp16/bf16 x on CUDA opforge's dense GEMV, ``triton``/``dense_gemv``).
         bias: optional (N,) tensor of x's dtype.
 
     Returns:
