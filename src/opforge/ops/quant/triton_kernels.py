@@ -419,12 +419,13 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
 
     Under ``problem.TUNED`` (the default; ``OPFORGE_QUANT_TUNED=0`` turns it off) int4 takes the
     H100 sweep's best (round 3, 4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md): M 5..16
-    128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept).
+    128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept). One row
+    (int4 and int8) takes ``wide_k_config`` under ``TUNED`` and ``WIDE_K`` (session 5's sweep).
 
     Example:
         >>> from opforge.ops.quant.problem import LinearProblem
-        >>> tile_config(LinearProblem(torch.bfloat16, 1, 4096, 4096, 4, 128, False, False, "cuda"))
-        (1, 128, 128, False, 4, 3)
+        >>> tile_config(LinearProblem(torch.bfloat16, 4, 4096, 4096, 4, 128, False, False, "cuda"))
+        (4, 128, 128, False, 4, 3)
     """
     g = p.k if p.group >= p.k else p.group
     if WIDE_K and qproblem.TUNED and p.m == 1 and _gemv_ok(p):
