@@ -171,3 +171,27 @@ def test_lru_is_consistent_under_concurrent_puts_and_gets():
     for t in pool:
         t.join()
     assert errors == [] and len(cache) <= 64
+
+
+def test_delay_and_fusion_caches_are_bounded(monkeypatch):
+    """Distinct delay patterns and codebook counts, and distinct traced signatures of one fused
+    function, fill LRUs of fixed size instead of growing without end; results stay right."""
+    import opforge
+    from opforge.fusion import fuse
+    from opforge.ops.delay import problem as delay_problem
+    monkeypatch.setattr(delay_problem, "_device_delays", lru.LRU(4, "small delays"))
+    monkeypatch.setattr(delay_problem, "_problems", lru.LRU(2, "small delay problems"))
+    for c in range(1, 9):
+        codes = torch.randint(0, 100, (1, 12, c))
+        delays = list(range(c))
+        out = opforge.apply_delay(codes, delays, bos_id=101, pad_id=102)
+        want = torch.full_like(codes, 101)          # codebook j shifted right by j, BOS before it
+        for j in range(c):
+            want[:, j:, j] = codes[:, :12 - j, j]
+        assert torch.equal(out, want)
+    assert len(delay_problem._device_delays) == 4 and len(delay_problem._problems) == 2
+    scale = fuse(lambda x, k: x * k)
+    for k in range(1, 1500):           # a Python int argument: one trace per distinct value
+        assert scale(torch.ones(2), k)[0].item() == k
+    assert len(scale._traces) <= scale._traces.maxsize == 1024
+    assert len(scale._kernels) <= scale._kernels.maxsize

@@ -80,8 +80,8 @@ class FusedFunction:
         if self._keyword_only:
             self._nparams = -1   # every call binds, so keyword-only parameters stay keyword-only
         self._plans: LRU[tuple, kernels.Plan] = LRU(MAX_PLANS, "fusion.plans")
-        self._traces: dict[tuple, TraceResult] = {}
-        self._kernels: dict[tuple, Any] = {}
+        self._traces: LRU[tuple, TraceResult] = LRU(MAX_PLANS, "fusion.traces")
+        self._kernels: LRU[tuple, Any] = LRU(MAX_PLANS, "fusion.kernels")
         self._value_positions: frozenset = frozenset()
         self._shape_specialized = False
         self._counts = {"traces": 0, "kernels": 0, "plans": 0}

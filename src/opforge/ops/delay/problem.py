@@ -7,6 +7,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from ...runtime.lru import LRU
+
 OPS = ("apply_delay", "revert_delay")
 CODE_DTYPES = (torch.int32, torch.int64)
 
@@ -40,7 +42,8 @@ class DelayCall:
         self.fill_before, self.fill_after, self.note = fill_before, fill_after, ""
 
 
-_device_delays: dict[tuple, torch.Tensor] = {}
+#: Bounded: a stream of distinct delay patterns must not grow host or device memory without end.
+_device_delays: LRU[tuple, torch.Tensor] = LRU(1024, "delay.delays_tensors")
 
 
 def delays_tensor(delays: tuple, device: torch.device) -> torch.Tensor:
@@ -92,7 +95,7 @@ def _check_delays(delays: Delays, channels: int, device: torch.device) -> torch.
     return delays_tensor(values, device)
 
 
-_problems: dict[tuple, DelayProblem] = {}
+_problems: LRU[tuple, DelayProblem] = LRU(1024, "delay.problems")
 
 
 _RANGES = {dt: (torch.iinfo(dt).min, torch.iinfo(dt).max) for dt in CODE_DTYPES}

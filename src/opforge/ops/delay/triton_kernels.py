@@ -15,7 +15,7 @@ from typing import Optional
 import triton
 import triton.language as tl
 
-from ...runtime import alloc
+from ...runtime import alloc, plans
 from ...runtime.lru import LRU
 from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import DelayCall, DelayProblem
@@ -82,13 +82,16 @@ def launch(call: DelayCall):
            delays.dtype, codes.device, call.fill_before, call.fill_after)
     if out is None:
         out = alloc.empty_packed_like(codes)
-    plan = _launch_args.get(sig)
+    # with launch plans off (OPFORGE_PLANS=0) every call computes its launch arguments afresh
+    keep = plans.enabled()
+    plan = _launch_args.get(sig) if keep else None
     if plan is None:
         grid, scalars, key, warps = _plan(call.problem.op, tuple(codes.shape), codes.stride(), out.stride(),
                                           out.is_contiguous(), call.fill_before, call.fill_after)
         index = codes.get_device()
         plan = (grid, list(scalars), (index, codes.dtype, delays.dtype) + key, warps, index)
-        _launch_args.put(sig, plan)
+        if keep:
+            _launch_args.put(sig, plan)
     grid, scalars, key0, warps, index = plan
     tensors = (codes, delays, out)
     ptrs = [codes.data_ptr(), delays.data_ptr(), out.data_ptr()]

@@ -26,7 +26,7 @@ import triton.language as tl
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import AppendCall, FusedCall, RotaryCall, RotaryProblem
-from ...runtime import alloc
+from ...runtime import alloc, plans
 from ...runtime.lru import LRU
 
 TILE = 4096          # elements per (heads x features) tile of one program
@@ -149,7 +149,9 @@ _plans: LRU[tuple, tuple] = LRU(4096, "rotary.launch_plans")
 
 
 def _keep(kind: str, sig: Optional[tuple], plan: tuple) -> tuple:
-    if sig is not None:
+    """Keep ``plan`` under its signature; with launch plans off (``OPFORGE_PLANS=0``) every call
+    computes its launch arguments afresh, as the general path of the other families does."""
+    if sig is not None and plans.enabled():
         _plans.put((kind, sig), plan)
     return plan
 
@@ -193,7 +195,7 @@ def launch_rotary(call: RotaryCall):
         qo = alloc.empty_packed_like(call.q)
         ko = alloc.empty_packed_like(call.k)
     sig = call.sig
-    plan = _plans.get(("rotary", sig)) if sig is not None else None
+    plan = _plans.get(("rotary", sig)) if sig is not None and plans.enabled() else None
     if plan is None:   # new outputs' strides follow from q's and k's: the signature decides them too
         plan = _keep("rotary", sig, _rotary_plan(call, qo, ko))
     _launch(_rotary, plan, (call.q, call.k, qo, ko, call.cos, call.sin, call.positions))
@@ -238,7 +240,7 @@ def _kv_append_plan(call: AppendCall) -> tuple:
 
 def launch_kv_append(call: AppendCall) -> None:
     sig = call.sig
-    plan = _plans.get(("append", sig)) if sig is not None else None
+    plan = _plans.get(("append", sig)) if sig is not None and plans.enabled() else None
     if plan is None:
         plan = _keep("append", sig, _kv_append_plan(call))
     _launch(_kv_append, plan, (call.k_cache, call.v_cache, call.k, call.v, call.cache_seqlens))
@@ -283,7 +285,7 @@ def launch_fused(call: FusedCall):
     q = rot.q
     qo = q if rot.inplace else alloc.empty_packed_like(q)
     sig = call.sig
-    plan = _plans.get(("fused", sig)) if sig is not None else None
+    plan = _plans.get(("fused", sig)) if sig is not None and plans.enabled() else None
     if plan is None:
         plan = _keep("fused", sig, _fused_plan(call, qo))
     pos = rot.positions if rot.positions is not None else app.cache_seqlens
