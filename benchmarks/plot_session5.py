@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_DIR = HERE / "results" / "h100" / "session5"
 #: the commit each file measured
-COMMITS = {"run1": "31cfb7e", "round2": "688ef45", "run3": "4c989b9", "final": "0bc35e1"}
+COMMITS = {"run1": "31cfb7e", "round2": "688ef45", "run3": "4c989b9", "run4": "0bc35e1", "final": "b634a74"}
 #: the sweep's labels for the launch choices before and after this session (see triton_kernels.wide_k_config)
 BEFORE_INT4, BEFORE_INT8 = "int4 linear", "int8 linear"
 DENSE_NOW = "dense gemv (4, 2048, 4, 4)"
@@ -42,7 +42,8 @@ def load(folder: Path, name: str) -> dict:
 
 def gpu_test_md(folder: Path) -> list[str]:
     lines = ["## GPU test command (`scripts/gpu_test.sh`)", ""]
-    for name, commit in (("gpu_test_run1.log", COMMITS["run1"]), ("gpu_test.log", COMMITS["final"])):
+    for name, commit in (("gpu_test_run1.log", COMMITS["run1"]), ("gpu_test_run4.log", COMMITS["run4"]),
+                         ("gpu_test.log", COMMITS["final"])):
         text = [t for t in (folder / name).read_text().splitlines() if t.startswith("gpu_test.sh")]
         lines.append(f"- at {commit}: `{text[-1]}`")
     lines += ["", f"Final run (at {COMMITS['final']}, HEAD of every kernel, launch path and test), per shard:", "",
@@ -123,7 +124,7 @@ def suite_rows(folder: Path) -> list[dict]:
 
 def suite_md(folder: Path) -> list[str]:
     d = load(folder, "model_suite.json")
-    lines = [f"## `opforge bench --suite model` (1B shape, at {COMMITS['final']}; its first GPU run)", "",
+    lines = [f"## `opforge bench --suite model` (1B shape, at {COMMITS['run4']}; its first GPU run)", "",
              f"Copy bandwidth {d['copy_bandwidth_gbs']:.0f} GB/s. Peers: "
              + ", ".join(f"{k.split(' ', 1)[1]}: {v}" for k, v in d["peers"].items()) + ". Tokens/s; decode "
              "points also as % of the weight-bandwidth limit of that precision.", "",
@@ -139,7 +140,7 @@ def suite_md(folder: Path) -> list[str]:
 
 def quant_md(folder: Path) -> list[str]:
     d = load(folder, "quant.json")
-    lines = [f"## `gpu_check_quant.py` (do_bench, L2 flushed; at {COMMITS['final']})", "",
+    lines = [f"## `gpu_check_quant.py` (do_bench, L2 flushed; at {COMMITS['run4']})", "",
              f"Correctness {sum(c['ok'] for c in d['correctness'])}/{len(d['correctness'])} PASS. On the "
              "4096x4096 .. 4096x14336 shapes these times are host-bound (the Python path of `opforge.linear` "
              "costs 30-140 us per call on that machine: `quant_profile.json`, graph replay 9.5 us vs 142 us wall "
