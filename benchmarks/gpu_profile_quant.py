@@ -35,6 +35,7 @@ import torch
 
 import opforge
 from gpu_check_quant import oracle, pick_device
+from gpu_decode_breakdown import graph_us
 from opforge.runtime import alloc
 from opforge.testing import TOLERANCE, rel_error
 
@@ -55,24 +56,7 @@ def _launch_of(x: torch.Tensor, qw: opforge.QuantizedWeight) -> Callable[[], Any
 
 
 def _graph_us(fn: Callable[[], Any], replays: int = 100) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
+    return graph_us([fn], replays)
 
 
 def _wall_us(fn: Callable[[], Any], device: str, calls: int = 200) -> float:
