@@ -44,8 +44,31 @@ def print_info() -> int:
     for name in ("triton", "metal", "torch"):
         reason = backends.unavailable_reason(name, dtype)
         print(f"{name:8s}  {'available' if reason is None else 'unavailable: ' + reason}")
+    print(f"launch:   {launch_settings_line()}")
     print(f"torch {torch.__version__}" + (f", triton {_triton_version()}" if _triton_version() else ""))
     return 0
+
+
+def launch_settings_line() -> str:
+    """The settings that decide which kernel runs, each with the environment variable that sets it.
+
+    Example:
+        >>> "OPFORGE_PLANS" in launch_settings_line()
+        True
+    """
+    from .ops.quant import problem as quant_problem
+    from .runtime import plans
+    try:
+        from .ops.quant import dense_gemv, triton_kernels as quant_kernels
+        wide, dense = quant_kernels.WIDE_K, dense_gemv.DENSE_GEMV
+    except ImportError:       # no triton here: neither kernel exists
+        wide = dense = None
+
+    def state(flag: Optional[bool]) -> str:
+        return "n/a" if flag is None else ("on" if flag else "off")
+    return (f"plans {state(plans.enabled())} (OPFORGE_PLANS), quant tuned {state(quant_problem.TUNED)} "
+            f"(OPFORGE_QUANT_TUNED), wide-K GEMV {state(wide)} (OPFORGE_QUANT_WIDE_K), dense GEMV "
+            f"{state(dense)} (OPFORGE_DENSE_GEMV)")
 
 
 def device_config_line() -> str:

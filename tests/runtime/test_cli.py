@@ -8,6 +8,16 @@ def test_info(capsys):
     assert "torch" in out and "triton" in out
 
 
+def test_info_names_the_launch_settings(capsys, monkeypatch):
+    from opforge.ops.quant import dense_gemv, triton_kernels
+    monkeypatch.setattr(triton_kernels, "WIDE_K", False)
+    monkeypatch.setattr(dense_gemv, "DENSE_GEMV", True)
+    assert main(["info"]) == 0
+    launch = [line for line in capsys.readouterr().out.splitlines() if line.startswith("launch:")]
+    assert len(launch) == 1
+    assert "wide-K GEMV off (OPFORGE_QUANT_WIDE_K)" in launch[0] and "dense GEMV on (OPFORGE_DENSE_GEMV)" in launch[0]
+
+
 def test_verify_quick_passes_and_prints_table(capsys):
     assert main(["verify", "--quick", "--ops", "layer_norm,add_rms_norm"]) == 0
     out = capsys.readouterr().out

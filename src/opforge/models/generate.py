@@ -129,9 +129,11 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
     out: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
 
-    def sync() -> None:
+    def sync() -> None:   # the stats time GPU work: wait for it (CUDA and MPS run asynchronously)
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
+        elif model.device.type == "mps":
+            torch.mps.synchronize()
 
     def emit(tokens: torch.Tensor) -> None:
         for i, t in enumerate(tokens.tolist()):
