@@ -78,3 +78,21 @@ def test_json_round_trip(tmp_path):
                  "--no-table", "--json", str(j)]) == 0
     run = RunResult.load_json(j)
     assert run.to_dict() == json.loads(j.read_text())
+
+
+def test_decode_gemv_suite_runs_its_three_weights_against_cublas_peers(tmp_path):
+    """The decode_gemv suite on CPU (one small shape): dense, int4 and int8 weights, opforge and
+    torch each checked against float64 and timed."""
+    from opforge.bench.spec import get_suite
+    suite = get_suite("decode_gemv")
+    assert [e.op for e in suite.entries] == ["linear_dense", "linear_int4_g128", "linear_int8"]
+    assert all(len(e.shapes) == 9 and all(m == 1 for m, _, _ in e.shapes) for e in suite.entries)
+    j = tmp_path / "g.json"
+    argv = ["--device", "cpu", "--suite", "decode_gemv", "--shapes", "1x48x256", "--reps", "2",
+            "--progress", "none", "--json", str(j)]
+    assert main(argv) == 0
+    cases = json.loads(j.read_text())["suites"][0]["cases"]
+    assert [c["op"] for c in cases] == ["linear_dense", "linear_int4_g128", "linear_int8"]
+    for case in cases:
+        for impl in ("opforge", "torch"):
+            assert case["results"][impl]["status"] == "ok" and case["results"][impl]["gpu_us"] > 0, case

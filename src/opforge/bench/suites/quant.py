@@ -13,6 +13,12 @@ int8: N*K + 2 bytes per row), so the % of copy shown is that of the quantized fo
 Suite: ``quant`` (``opforge bench --suite quant``): bf16 x at M = 1, 16, 64, 4096 and the
 weight shapes 4096x4096, 14336x4096, 4096x14336, 28672x8192, 128256x2048.
 ``benchmarks/gpu_check_quant.py`` adds torch's own int4/int8 kernels and the issue's targets.
+
+Suite: ``decode_gemv`` (``opforge bench --suite decode_gemv``): one row of bf16 x against the
+projection shapes of the Llama-3.2-1B and Llama-3-8B decoders, for int4 g128, int8 per-channel
+and a dense bf16 weight (``linear_dense``: ``opforge.linear`` with a dense weight, which on CUDA
+runs opforge's dense GEMV at M = 1, against cuBLAS ``F.linear``). It repeats in the harness what
+``benchmarks/gpu_decode_breakdown.py`` swept in session 5 (not yet run on a GPU as a suite).
 """
 from __future__ import annotations
 
@@ -71,6 +77,25 @@ def _spec(name: str, bits: int, group_size: int, symmetric: bool) -> OpSpec:
                   impls={OPFORGE: _opforge, TORCH: eager_impl(_dense)})
 
 
+def _dense_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Inputs:
+    m, n, k = shape
+    w = torch.randn((n, k), generator=g, device=device, dtype=torch.float32).mul_(0.02).to(dtype)
+    return (torch.randn((m, k), generator=g, device=device, dtype=torch.float32).to(dtype), w)
+
+
+def _dense_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    m, n, k = shape
+    return (n * k + m * k + m * n) * dtype.itemsize
+
+
+def _opforge_dense(ctx: BuildContext) -> Callable[..., Any]:
+    import opforge
+    return lambda x, w: opforge.linear(x, w)
+
+
+LINEAR_DENSE = register_op(OpSpec(name="linear_dense", make_inputs=_dense_inputs,
+                                  reference=lambda x, w: x @ w.T, bytes_moved=_dense_bytes,
+                                  impls={OPFORGE: _opforge_dense, TORCH: eager_impl(F.linear)}))
 LINEAR_INT4 = register_op(_spec("linear_int4_g128", 4, 128, False))
 LINEAR_INT8 = register_op(_spec("linear_int8", 8, -1, True))
 
@@ -82,6 +107,21 @@ QUANT_SUITE = register_suite(
                             (torch.bfloat16,)),
                  SuiteEntry("linear_int8", tuple((m, n, k) for n, k in WEIGHT_SHAPES for m in (1, 16)),
                             (torch.bfloat16,))],
+        impls=(OPFORGE, TORCH),
+        metric="gpu_us",
+    )
+)
+
+#: (N, K) of the decode projections: 1B qkv, o, gate_up, down, lm_head; 8B qkv, o, gate_up, down
+DECODE_SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048),
+                 (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+
+DECODE_GEMV_SUITE = register_suite(
+    Suite(
+        name="decode_gemv",
+        description="one row of x (batch-1 decode) on the 1B/8B projection shapes: dense, int4 g128, int8",
+        entries=[SuiteEntry(op, tuple((1, n, k) for n, k in DECODE_SHAPES), (torch.bfloat16,))
+                 for op in ("linear_dense", "linear_int4_g128", "linear_int8")],
         impls=(OPFORGE, TORCH),
         metric="gpu_us",
     )
