@@ -13,6 +13,7 @@ Two parts, one GPU run (``--part``; default both):
    first output is checked against float64 first. Time per launch = graph replay / L.
 
     PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py              # ~2-3 min on an H100
+    PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --part sweep --rows 8,16   # batched decode
     PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --cpu-smoke  # the script's logic
 
 Writes ``$OUT/decode_breakdown.json``.
@@ -58,6 +59,33 @@ INT8_CONFIGS = [((1, 16, 1024, False, 4, 1), 4, False), ((1, 16, 1024, False, 4,
                 ((1, 16, 512, False, 4, 1), 4, False), ((1, 32, 1024, False, 8, 1), 4, False),
                 ((1, 16, 1024, False, 4, 1), 1, False)]
 
+#: For ``--rows M`` > 1 (batched decode): BLOCK_M 0 stands for the power of two >= M (the GEMV
+#: kernel, M <= 16; small BLOCK_N keeps its 3-D tiles in registers: 72-168 registers, no spills
+#: for sm_90 per benchmarks/quant_ptx.py), then tl.dot tiles as the default for M 5..16 runs them.
+ROWS_CONFIGS = [((0, 4, 256, False, 4, 1), 4, True), ((0, 8, 256, False, 4, 1), 4, True),
+                ((0, 4, 512, False, 4, 1), 4, True), ((0, 8, 512, False, 4, 1), 4, True),
+                ((0, 16, 256, False, 4, 1), 4, True), ((0, 4, 1024, False, 4, 1), 4, True),
+                ((0, 8, 256, False, 8, 1), 4, True), ((0, 8, 256, False, 4, 1), 4, False),
+                ((16, 128, 128, True, 4, 3), 4, False), ((16, 64, 128, True, 4, 3), 4, False),
+                ((32, 64, 128, True, 4, 3), 4, False), ((32, 128, 128, True, 8, 3), 4, False),
+                ((16, 128, 128, True, 4, 3), 1, False)]
+DENSE_ROWS_CONFIGS = [(2, 1024, 4, 4), (4, 512, 4, 4), (4, 256, 4, 4)]
+
+
+def rows_configs(m: int, bits: int) -> list:
+    """ROWS_CONFIGS for M rows: BLOCK_M filled in, GEMV tiles only up to 16 rows, BLOCK_K of the
+    dot tiles within the group (128)."""
+    block_m = 1 << (m - 1).bit_length()
+    out = []
+    for cfg, pps, fix in ROWS_CONFIGS:
+        if cfg[3] is False:
+            if block_m > 16:
+                continue
+            cfg = (block_m,) + cfg[1:]
+            fix = fix and bits == 4
+        out.append((cfg, pps, fix))
+    return out
+
 
 def flagged(module: Any, name: str, value: Any, fn: Callable[[], Any]) -> Any:
     """fn() with ``module.name`` set to value (restored after)."""
@@ -99,10 +127,10 @@ def copies_for(nbytes: int, smoke: bool) -> int:
     return 2 if smoke else max(2, math.ceil(160e6 / nbytes))
 
 
-def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: float) -> None:
+def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: float, m: int = 1) -> None:
     gen = torch.Generator(device=device).manual_seed(n * 7 + k)
-    x = torch.randn(1, k, device=device, dtype=torch.bfloat16, generator=gen)
-    row: dict[str, Any] = {"shape": label, "n": n, "k": k, "us": {}, "rel_err": {}}
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
+    row: dict[str, Any] = {"shape": label, "n": n, "k": k, "m": m, "us": {}, "rel_err": {}}
     dense_l = copies_for(n * k * 2, smoke)
     dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02 for _ in range(dense_l)]
     ref = x.double() @ dense[0].double().T
@@ -122,11 +150,12 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
 
     timed("cublas bf16", [lambda w=w: torch.nn.functional.linear(x, w) for w in dense],
           lambda: torch.nn.functional.linear(x, dense[0]), ref)
-    for cfg in DENSE_CONFIGS:
+    for cfg in (DENSE_CONFIGS if m == 1 else DENSE_ROWS_CONFIGS):
         timed(f"dense gemv {cfg or 'rule'}", [lambda w=w, c=cfg: dense_gemv(x, w, config=c) for w in dense],
               lambda c=cfg: dense_gemv(x, dense[0], config=c), ref)
     del dense
-    for bits, configs in ((4, INT4_CONFIGS), (8, INT8_CONFIGS)):
+    for bits, configs in ((4, INT4_CONFIGS if m == 1 else rows_configs(m, 4)),
+                          (8, INT8_CONFIGS if m == 1 else rows_configs(m, 8))):
         group, sym = (128, False) if bits == 4 else (-1, True)
         n_copies = copies_for(n * k * bits // 8, smoke)
         qs = [opforge.quantize_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02,
@@ -135,10 +164,12 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
         calls = [qproblem.prepare(x, q, None) for q in qs]
         fns = [lambda q=q: opforge.linear(x, q) for q in qs]
         timed(f"int{bits} linear", fns, lambda: opforge.linear(x, qs[0]), want)
-        flagged(qk, "WIDE_K", True, lambda: timed(f"int{bits} linear wide", fns, lambda: opforge.linear(x, qs[0]),
-                                                   want))
+        if m == 1:
+            flagged(qk, "WIDE_K", True, lambda: timed(f"int{bits} linear wide", fns,
+                                                       lambda: opforge.linear(x, qs[0]), want))
         for cfg, pps, fix in configs:
-            name = f"int{bits} {cfg[1:3]} w{cfg[4]} pps{pps}{' fixup' if fix else ' combine'}"
+            kind = "" if m == 1 else (" dot" if cfg[3] else f" gemv{cfg[0]}")
+            name = f"int{bits}{kind} {cfg[1:3]} w{cfg[4]} pps{pps}{' fixup' if fix else ' combine'}"
             timed(name, [lambda c=c, cfg=cfg, pps=pps, fix=fix: qk.launch_config(c, cfg, pps, fix) for c in calls],
                   lambda cfg=cfg, pps=pps, fix=fix: qk.launch_config(calls[0], cfg, pps, fix), want)
         if device == "cuda" and bits == 4:
@@ -150,7 +181,7 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
         del qs, calls, fns
     base = row["us"].get("cublas bf16")
     line = "  ".join(f"{name} {us:.1f}" for name, us in sorted(row["us"].items(), key=lambda kv: kv[1])[:8])
-    print(f"{label} ({n}x{k}) bf16 {base}: {line}", flush=True)
+    print(f"{label} ({n}x{k}) M={m} bf16 {base}: {line}", flush=True)
     RESULTS["sweep"].append(row)
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -247,6 +278,7 @@ def main() -> int:
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--part", choices=("step", "sweep", "models", "all"), default="all")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the sweep part")
+    parser.add_argument("--rows", default="1", help="comma-separated M (rows of x) for the sweep, e.g. 1,8,16")
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = parser.parse_args()
     smoke = args.cpu_smoke or not torch.cuda.is_available()
@@ -263,8 +295,11 @@ def main() -> int:
             DENSE_CONFIGS[:] = [(16, 64, 1, 1), (8, 128, 1, 2)]
             del INT4_CONFIGS[1:], INT8_CONFIGS[1:]
             INT4_CONFIGS[0] = INT8_CONFIGS[0] = ((1, 16, 256, False, 4, 1), 4, True)
-        for n, k, label in shapes:
-            sweep_shape(n, k, label, device, smoke, deadline)
+            ROWS_CONFIGS[:] = [((0, 8, 256, False, 4, 1), 4, True), ((16, 64, 128, True, 4, 3), 4, False)]
+            DENSE_ROWS_CONFIGS[:] = [(4, 64, 1, 2)]
+        for m in (int(v) for v in args.rows.split(",")):
+            for n, k, label in shapes:
+                sweep_shape(n, k, label, device, smoke, deadline, m)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_breakdown.json"), "w") as f:
         json.dump(RESULTS, f, indent=1)
