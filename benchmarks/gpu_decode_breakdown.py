@@ -1,6 +1,6 @@
 """Where does a batch-1 decode step's time go, and which GEMV launch choices read weights fastest?
 
-Two parts, one GPU run (``--part``; default both):
+Parts (``--part``; default all but ``attn``):
 
 1. ``step``: the Llama-1B-shaped model (random weights, bf16 and int4), one decode step run
    eagerly under ``torch.profiler``: GPU time per kernel name per step, the sum of kernels, and
@@ -11,9 +11,13 @@ Two parts, one GPU run (``--part``; default both):
    (``ops/quant/dense_gemv.py``) in several configs, opforge int4 g128 as ``linear`` runs it and
    in several launch configs, opforge int8 per-channel, torch's int4 tinygemm. Every variant's
    first output is checked against float64 first. Time per launch = graph replay / L.
+   ``--rows 8,16``: the same for batched decode (GEMV tiles with BLOCK_M rows, tl.dot tiles).
+3. ``models``: the 1B model's graph-replayed decode step under each launch setting.
+4. ``attn``: decode attention at batch 1 by forced split count, in the same graph setting.
 
     PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py              # ~2-3 min on an H100
     PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --part sweep --rows 8,16   # batched decode
+    PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --part attn   # decode attention by split count
     PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --cpu-smoke  # the script's logic
 
 Writes ``$OUT/decode_breakdown.json``.
@@ -187,6 +191,52 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
         torch.cuda.empty_cache()
 
 
+#: decode attention, batch 1: (label, Hq, Hkv, D, cache capacity S_max, tokens in the cache)
+ATTN_CASES = [("1B ctx512 cap1024", 32, 8, 64, 1024, 512), ("1B ctx512 cap4096", 32, 8, 64, 4096, 512),
+              ("1B ctx4096", 32, 8, 64, 4096, 4096), ("8B ctx512 cap4096", 32, 8, 128, 4096, 512),
+              ("8B ctx4096", 32, 8, 128, 4096, 4096)]
+ATTN_SPLITS = [None, 1, 2, 4, 8, 16, 32]
+
+
+def attention_splits(device: str, smoke: bool, deadline: float) -> None:
+    """Decode attention at batch 1 as a decode step runs it (a CUDA graph over one cache per layer,
+    L2-cold), by forced split count (None: the heuristic, which sizes splits by the cache's
+    capacity, not by the tokens in it). Each split count checked against float64 first."""
+    from opforge.ops.attention import reference
+    from opforge.ops.attention import triton_kernels as ak
+    from opforge.ops.attention.problem import prepare_decode
+    out = RESULTS.setdefault("attention", [])
+    cases = [("smoke", 4, 2, 16, 64, 40)] if smoke else ATTN_CASES
+    for label, hq, hkv, d, cap, length in cases:
+        gen = torch.Generator(device=device).manual_seed(cap + d)
+        layers = copies_for(2 * hkv * cap * d * 2, smoke)
+        caches = [(torch.randn(1, hkv, cap, d, device=device, dtype=torch.bfloat16, generator=gen),
+                   torch.randn(1, hkv, cap, d, device=device, dtype=torch.bfloat16, generator=gen))
+                  for _ in range(layers)]
+        q = torch.randn(1, hq, 1, d, device=device, dtype=torch.bfloat16, generator=gen)
+        lens = torch.tensor([length], device=device, dtype=torch.int32)
+        calls = [prepare_decode(q, k, v, lens, None) for k, v in caches]
+        want = reference.decode_attention(q.double(), caches[0][0].double(), caches[0][1].double(), lens)
+        row: dict[str, Any] = {"case": label, "us": {}, "rel_err": {}}
+        for splits in ATTN_SPLITS:
+            if time.time() > deadline:
+                break
+            name = f"splits={splits or 'default'}"
+            try:
+                err = rel_error(ak.launch_decode(calls[0], splits=splits), want)
+                row["rel_err"][name] = err
+                if not err < 2e-2:
+                    RESULTS["errors"].append(f"attention {label} {name}: rel err {err:.3g}")
+                    continue
+                row["us"][name] = graph_us([lambda c=c, s=splits: ak.launch_decode(c, splits=s) for c in calls]) \
+                    if device == "cuda" else 0.0
+            except Exception as exc:
+                RESULTS["errors"].append(f"attention {label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+        print(f"attention {label}: " + "  ".join(f"{k} {v:.1f}" for k, v in row["us"].items()), flush=True)
+        out.append(row)
+        del caches, calls
+
+
 def step_breakdown(device: str, smoke: bool) -> None:
     from torch.profiler import ProfilerActivity, profile
 
@@ -276,7 +326,7 @@ def model_variants(device: str, smoke: bool) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--part", choices=("step", "sweep", "models", "all"), default="all")
+    parser.add_argument("--part", choices=("step", "sweep", "models", "attn", "all"), default="all")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the sweep part")
     parser.add_argument("--rows", default="1", help="comma-separated M (rows of x) for the sweep, e.g. 1,8,16")
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
@@ -288,6 +338,8 @@ def main() -> int:
         step_breakdown(device, smoke)
     if args.part in ("models", "all"):
         model_variants(device, smoke)
+    if args.part == "attn":
+        attention_splits(device, smoke, time.time() + args.budget)
     if args.part in ("sweep", "all"):
         deadline = time.time() + args.budget
         shapes = [(64, 256, "smoke")] if smoke else SHAPES_1B + SHAPES_8B
