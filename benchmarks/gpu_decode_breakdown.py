@@ -127,6 +127,21 @@ def graph_us(fns: list[Callable[[], Any]], replays: int = 20) -> float:
     return sorted(times)[1]
 
 
+def check_then_time(row: dict, label: str, name: str, fns: list, first_out: Callable[[], torch.Tensor],
+                    want: torch.Tensor, device: str) -> None:
+    """``first_out()`` against float64 ``want`` into ``row["rel_err"]``, then (if within 2e-2) the
+    graph time per launch of ``fns`` into ``row["us"]``; a failure is a result in RESULTS["errors"]."""
+    try:
+        err = rel_error(first_out(), want)
+        row["rel_err"][name] = err
+        if not err < 2e-2:
+            RESULTS["errors"].append(f"{label} {name}: rel err {err:.3g}")
+            return
+        row["us"][name] = graph_us(fns) if device == "cuda" else 0.0
+    except Exception as exc:   # a config that fails to compile is a result, not the end of the run
+        RESULTS["errors"].append(f"{label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+
+
 def copies_for(nbytes: int, smoke: bool) -> int:
     return 2 if smoke else max(2, math.ceil(160e6 / nbytes))
 
@@ -140,17 +155,8 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
     ref = x.double() @ dense[0].double().T
 
     def timed(name: str, fns: list, first_out: Callable[[], torch.Tensor], want: torch.Tensor) -> None:
-        if time.time() > deadline:
-            return
-        try:
-            err = rel_error(first_out(), want)
-            row["rel_err"][name] = err
-            if not err < 2e-2:
-                RESULTS["errors"].append(f"{label} {name}: rel err {err:.3g}")
-                return
-            row["us"][name] = graph_us(fns) if device == "cuda" else 0.0
-        except Exception as exc:   # a config that fails to compile is a result, not the end of the run
-            RESULTS["errors"].append(f"{label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+        if time.time() <= deadline:
+            check_then_time(row, label, name, fns, first_out, want, device)
 
     timed("cublas bf16", [lambda w=w: torch.nn.functional.linear(x, w) for w in dense],
           lambda: torch.nn.functional.linear(x, dense[0]), ref)
@@ -221,17 +227,9 @@ def attention_splits(device: str, smoke: bool, deadline: float) -> None:
         for splits in ATTN_SPLITS:
             if time.time() > deadline:
                 break
-            name = f"splits={splits or 'default'}"
-            try:
-                err = rel_error(ak.launch_decode(calls[0], splits=splits), want)
-                row["rel_err"][name] = err
-                if not err < 2e-2:
-                    RESULTS["errors"].append(f"attention {label} {name}: rel err {err:.3g}")
-                    continue
-                row["us"][name] = graph_us([lambda c=c, s=splits: ak.launch_decode(c, splits=s) for c in calls]) \
-                    if device == "cuda" else 0.0
-            except Exception as exc:
-                RESULTS["errors"].append(f"attention {label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+            check_then_time(row, f"attention {label}", f"splits={splits or 'default'}",
+                            [lambda c=c, s=splits: ak.launch_decode(c, splits=s) for c in calls],
+                            lambda s=splits: ak.launch_decode(calls[0], splits=s), want, device)
         print(f"attention {label}: " + "  ".join(f"{k} {v:.1f}" for k, v in row["us"].items()), flush=True)
         out.append(row)
         del caches, calls
