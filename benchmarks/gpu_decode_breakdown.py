@@ -63,31 +63,38 @@ INT8_CONFIGS = [((1, 16, 1024, False, 4, 1), 4, False), ((1, 16, 1024, False, 4,
                 ((1, 16, 512, False, 4, 1), 4, False), ((1, 32, 1024, False, 8, 1), 4, False),
                 ((1, 16, 1024, False, 4, 1), 1, False)]
 
-#: For ``--rows M`` > 1 (batched decode): BLOCK_M 0 stands for the power of two >= M (the GEMV
-#: kernel, M <= 16; small BLOCK_N keeps its 3-D tiles in registers: 72-168 registers, no spills
-#: for sm_90 per benchmarks/quant_ptx.py), then tl.dot tiles as the default for M 5..16 runs them.
-ROWS_CONFIGS = [((0, 4, 256, False, 4, 1), 4, True), ((0, 8, 256, False, 4, 1), 4, True),
-                ((0, 4, 512, False, 4, 1), 4, True), ((0, 8, 512, False, 4, 1), 4, True),
-                ((0, 16, 256, False, 4, 1), 4, True), ((0, 4, 1024, False, 4, 1), 4, True),
-                ((0, 8, 256, False, 8, 1), 4, True), ((0, 8, 256, False, 4, 1), 4, False),
-                ((16, 128, 128, True, 4, 3), 4, False), ((16, 64, 128, True, 4, 3), 4, False),
-                ((32, 64, 128, True, 4, 3), 4, False), ((32, 128, 128, True, 8, 3), 4, False),
-                ((16, 128, 128, True, 4, 3), 1, False)]
+#: For ``--rows M`` > 1 (batched decode): ((BLOCK_M, BLOCK_N, BLOCK_K, dot, warps, stages), programs
+#: per SM, fixup, planes, swap). BLOCK_M 0 stands for the power of two >= M (the GEMV kernel,
+#: M <= 16; small BLOCK_N keeps its 3-D tiles in registers: 72-168 registers, no spills for sm_90
+#: per benchmarks/quant_ptx.py), then tl.dot tiles, plain and in the PLANES (int4: a dot per code
+#: position, no reshape) and SWAP (weight as the MMA's first operand) forms.
+ROWS_CONFIGS = [((0, 4, 256, False, 4, 1), 4, True, False, False), ((0, 8, 256, False, 4, 1), 4, True, False, False),
+                ((0, 4, 512, False, 4, 1), 4, True, False, False), ((0, 16, 256, False, 4, 1), 4, True, False, False),
+                ((16, 128, 128, True, 4, 3), 4, False, False, False), ((16, 64, 128, True, 4, 3), 4, False, False, False),
+                ((16, 128, 128, True, 4, 3), 4, False, True, False), ((16, 128, 128, True, 4, 3), 4, False, False, True),
+                ((16, 128, 128, True, 4, 3), 4, False, True, True), ((16, 64, 128, True, 4, 3), 4, False, True, True),
+                ((16, 64, 128, True, 4, 3), 4, False, False, True), ((16, 128, 128, True, 8, 3), 4, False, True, True),
+                ((16, 128, 128, True, 4, 4), 4, False, True, True), ((16, 128, 128, True, 4, 3), 2, False, True, True),
+                ((16, 128, 128, True, 4, 3), 4, True, True, True), ((16, 256, 128, True, 8, 3), 4, False, True, True)]
 DENSE_ROWS_CONFIGS = [(2, 1024, 4, 4), (4, 512, 4, 4), (4, 256, 4, 4)]
 
 
 def rows_configs(m: int, bits: int) -> list:
-    """ROWS_CONFIGS for M rows: BLOCK_M filled in, GEMV tiles only up to 16 rows, BLOCK_K of the
-    dot tiles within the group (128)."""
+    """ROWS_CONFIGS for M rows: BLOCK_M filled in, GEMV tiles only up to 16 rows, the dot tiles'
+    BLOCK_M the power of two >= M (16 at least), PLANES only for int4."""
     block_m = 1 << (m - 1).bit_length()
     out = []
-    for cfg, pps, fix in ROWS_CONFIGS:
+    for cfg, pps, fix, planes, swap in ROWS_CONFIGS:
         if cfg[3] is False:
             if block_m > 16:
                 continue
             cfg = (block_m,) + cfg[1:]
             fix = fix and bits == 4
-        out.append((cfg, pps, fix))
+        else:
+            if planes and bits != 4:
+                continue
+            cfg = (max(16, block_m),) + cfg[1:]
+        out.append((cfg, pps, fix, planes, swap))
     return out
 
 
@@ -160,7 +167,7 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
 
     timed("cublas bf16", [lambda w=w: torch.nn.functional.linear(x, w) for w in dense],
           lambda: torch.nn.functional.linear(x, dense[0]), ref)
-    for cfg in (DENSE_CONFIGS if m == 1 else DENSE_ROWS_CONFIGS):
+    for cfg in (DENSE_CONFIGS if m == 1 else DENSE_ROWS_CONFIGS if m <= 16 else []):
         timed(f"dense gemv {cfg or 'rule'}", [lambda w=w, c=cfg: dense_gemv(x, w, config=c) for w in dense],
               lambda c=cfg: dense_gemv(x, dense[0], config=c), ref)
     del dense
@@ -177,11 +184,14 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
         if m == 1:
             flagged(qk, "WIDE_K", True, lambda: timed(f"int{bits} linear wide", fns,
                                                        lambda: opforge.linear(x, qs[0]), want))
-        for cfg, pps, fix in configs:
-            kind = "" if m == 1 else (" dot" if cfg[3] else f" gemv{cfg[0]}")
-            name = f"int{bits}{kind} {cfg[1:3]} w{cfg[4]} pps{pps}{' fixup' if fix else ' combine'}"
-            timed(name, [lambda c=c, cfg=cfg, pps=pps, fix=fix: qk.launch_config(c, cfg, pps, fix) for c in calls],
-                  lambda cfg=cfg, pps=pps, fix=fix: qk.launch_config(calls[0], cfg, pps, fix), want)
+        for cfg, pps, fix, *form in configs:
+            planes, swap = form or (False, False)
+            kind = "" if m == 1 else (f" dot{cfg[0]}" if cfg[3] else f" gemv{cfg[0]}")
+            kind += (" planes" if planes else "") + (" swap" if swap else "")
+            name = f"int{bits}{kind} {cfg[1:3]} w{cfg[4]} s{cfg[5]} pps{pps}{' fixup' if fix else ' combine'}"
+            kw = {"programs_per_sm": pps, "fixup": fix, "planes": planes, "swap": swap}
+            timed(name, [lambda c=c, cfg=cfg, kw=kw: qk.launch_config(c, cfg, **kw) for c in calls],
+                  lambda cfg=cfg, kw=kw: qk.launch_config(calls[0], cfg, **kw), want)
         if device == "cuda" and bits == 4:
             try:
                 packs = [tinygemm_pack(q)[0] for q in qs]
@@ -201,7 +211,9 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
 ATTN_CASES = [("1B ctx512 cap1024", 32, 8, 64, 1024, 512), ("1B ctx512 cap4096", 32, 8, 64, 4096, 512),
               ("1B ctx4096", 32, 8, 64, 4096, 4096), ("8B ctx512 cap4096", 32, 8, 128, 4096, 512),
               ("8B ctx4096", 32, 8, 128, 4096, 4096)]
-ATTN_SPLITS = [None, 1, 2, 4, 8, 16, 32]
+#: (forced split count or None for the heuristic, slices by the tokens in the cache)
+ATTN_SPLITS = [(None, False), (1, False), (2, False), (4, False), (8, False), (16, False), (32, False),
+               (None, True), (8, True), (16, True), (32, True), (64, True)]
 
 
 def attention_splits(device: str, smoke: bool, deadline: float) -> None:
@@ -224,12 +236,12 @@ def attention_splits(device: str, smoke: bool, deadline: float) -> None:
         calls = [prepare_decode(q, k, v, lens, None) for k, v in caches]
         want = reference.decode_attention(q.double(), caches[0][0].double(), caches[0][1].double(), lens)
         row: dict[str, Any] = {"case": label, "us": {}, "rel_err": {}}
-        for splits in ATTN_SPLITS:
+        for splits, by_length in ATTN_SPLITS:
             if time.time() > deadline:
                 break
-            check_then_time(row, f"attention {label}", f"splits={splits or 'default'}",
-                            [lambda c=c, s=splits: ak.launch_decode(c, splits=s) for c in calls],
-                            lambda s=splits: ak.launch_decode(calls[0], splits=s), want, device)
+            check_then_time(row, f"attention {label}", f"splits={splits or 'default'}{' by length' if by_length else ''}",
+                            [lambda c=c, s=splits, b=by_length: ak.launch_decode(c, splits=s, by_length=b) for c in calls],
+                            lambda s=splits, b=by_length: ak.launch_decode(calls[0], splits=s, by_length=b), want, device)
         print(f"attention {label}: " + "  ".join(f"{k} {v:.1f}" for k, v in row["us"].items()), flush=True)
         out.append(row)
         del caches, calls
@@ -345,7 +357,9 @@ def main() -> int:
             DENSE_CONFIGS[:] = [(16, 64, 1, 1), (8, 128, 1, 2)]
             del INT4_CONFIGS[1:], INT8_CONFIGS[1:]
             INT4_CONFIGS[0] = INT8_CONFIGS[0] = ((1, 16, 256, False, 4, 1), 4, True)
-            ROWS_CONFIGS[:] = [((0, 8, 256, False, 4, 1), 4, True), ((16, 64, 128, True, 4, 3), 4, False)]
+            ROWS_CONFIGS[:] = [((0, 8, 256, False, 4, 1), 4, True, False, False),
+                               ((16, 64, 128, True, 4, 3), 4, False, False, False),
+                               ((16, 64, 128, True, 4, 3), 4, False, True, True)]
             DENSE_ROWS_CONFIGS[:] = [(4, 64, 1, 2)]
         for m in (int(v) for v in args.rows.split(",")):
             for n, k, label in shapes:

@@ -176,6 +176,24 @@ def test_decode_several_splits_and_splits_past_the_length(splits):
         assert max_rel_error(out, case.oracle((q, kc, vc, lens), {})) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("splits", [None, 2, 5])
+def test_decode_slices_by_length(splits):
+    """Slices that divide the tokens in the cache, not its capacity (``by_length``): short, long
+    and empty sequences in one batch, and more slices than a short sequence has key tiles."""
+    for dtype in (torch.float32, torch.bfloat16):
+        case = cases.decode_case(4, 8, 2, 1, 96, 64, dtype, (96, 5, 40, 0))
+        (q, kc, vc, lens), _ = case.make(DEVICE)
+        with opforge.runtime.alloc.poisoned_outputs():
+            out = tk.launch_decode(prepare_decode(q, kc, vc, lens, None), splits=splits, by_length=True)
+        assert max_rel_error(out, case.oracle((q, kc, vc, lens), {})) <= TOLERANCE[dtype]
+
+
+def test_decode_splits_by_length_fill_the_gpu():
+    assert tk.decode_splits_by_length(1, 8, 1, 4096, 132, 64) == 33      # 264 programs: 2 per SM
+    assert tk.decode_splits_by_length(1, 8, 1, 100, 132, 64) == 2        # at most a slice per key tile
+    assert tk.decode_splits_by_length(64, 8, 1, 4096, 132, 64) == 1
+
+
 def test_decode_default_splits_on_a_long_cache(monkeypatch):
     """The public path with the split heuristic giving several slices (short minimum slice)."""
     monkeypatch.setattr(tk, "MIN_SPLIT_TOKENS", 16)
@@ -228,13 +246,22 @@ def test_decode_cuda_graph_replays_with_new_lengths():
     kc = torch.randn(b, hkv, s_max, d, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn(b, hkv, s_max, d, device="cuda", dtype=torch.bfloat16)
     lens = torch.tensor([10, 4096, 1, 2000], dtype=torch.int32, device="cuda")
-    opforge.decode_attention(q, kc, vc, lens)  # compile outside the capture
+    check_graph_replays(q, kc, vc, lens, lambda: opforge.decode_attention(q, kc, vc, lens))
+    one = q[:1, :, :, :]
+    check_graph_replays(one, kc[:1], vc[:1], lens[:1],
+                        lambda: tk.launch_decode(prepare_decode(one, kc[:1], vc[:1], lens[:1], None), by_length=True))
+
+
+def check_graph_replays(q, kc, vc, lens, run):
+    """A decode call captured once replays right with new lengths (and new queries)."""
+    b = q.shape[0]
+    run()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = opforge.decode_attention(q, kc, vc, lens)
+        out = run()
     for new in ([10, 4096, 1, 2000], [4096, 3, 777, 1], [1, 1, 1, 1]):
-        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        lens.copy_(torch.tensor(new[:b], dtype=torch.int32))
         q.normal_()
         graph.replay()
         torch.cuda.synchronize()

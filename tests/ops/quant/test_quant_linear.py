@@ -357,3 +357,24 @@ def test_wide_k_config_leaves_groups_that_do_not_divide_the_tile():
     assert tk.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 384, 4, 96, False, False, "cuda")) is None
     assert tk.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 8192, 8, -1, True, False, "cuda")) == \
         (1, 8, 1024, False, 4, 1)
+
+
+@pytest.mark.parametrize("planes,swap", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("bits,group_size,symmetric,dtype", [(4, 128, False, torch.bfloat16), (4, 32, True, torch.float16),
+                                                             (8, 64, False, torch.bfloat16)])
+@pytest.mark.parametrize("m", [5, 16, 33])
+def test_dot_kernel_plane_and_swapped_forms(planes, swap, bits, group_size, symmetric, dtype, m):
+    """The dot kernel's PLANES form (int4: a dot per code position, no reshape; int8 ignores it)
+    and SWAP form (the weight as the MMA's first operand), with K split and a ragged N, against
+    the float64 oracle."""
+    from opforge.ops.quant.problem import prepare
+    n, k = 40, 1024
+    qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, group_size, symmetric)
+    x = torch.randn(m, k, device=DEVICE, dtype=dtype)
+    bias = torch.randn(n, device=DEVICE, dtype=dtype)
+    call = prepare(x, qw, bias)
+    block_m = 16 if m <= 16 else 32
+    with opforge.runtime.alloc.poisoned_outputs():
+        y = tk.launch_config(call, (block_m, 32, min(group_size, 128), True, 4, 3), programs_per_sm=8,
+                             planes=planes, swap=swap)
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[dtype]

@@ -25,6 +25,7 @@ bf16 dot is wrong) and tiles are 16 wide so small tests cross tile boundaries.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import torch
@@ -45,6 +46,9 @@ MIN_SPLIT_TOKENS = 256       # decode: a slice shorter than this costs more to m
 # 32K 32 splits 67% vs 64: 58-61%; 32/8 B=32 8K (256 programs) 1 split 98% vs 3: 87-97%.
 DECODE_PROGRAMS_PER_SM = 2
 MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
+# decode: slices sized by the tokens in the cache (read on the device) rather than by its
+# capacity. Off until measured on a GPU (``OPFORGE_DECODE_BY_LENGTH=1`` turns it on).
+DECODE_BY_LENGTH = os.environ.get("OPFORGE_DECODE_BY_LENGTH", "0") not in ("", "0")
 
 
 @triton.jit
@@ -149,9 +153,11 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, hkv, hq, sq, rows, s_max,
                          split_len, num_splits, qk_scale, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                         DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, PAD_D: tl.constexpr):
+                         DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, PAD_D: tl.constexpr,
+                         BY_LENGTH: tl.constexpr):
     # DIRECT (one split): write the final output, no partials and no merge kernel. The partials'
-    # log-sum-exps follow their outputs in one float32 scratch: po_ptr + lse_off.
+    # log-sum-exps follow their outputs in one float32 scratch: po_ptr + lse_off. BY_LENGTH: the
+    # slices divide the tokens in the cache (read on the device), not its capacity (split_len).
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // hkv
@@ -165,7 +171,11 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, 
     out_row = (b * hq + head).to(tl.int64) * sq + i            # row of the (B, Hq, Sq) output
     part = out_row * num_splits + split
     seqlen = tl.minimum(tl.maximum(tl.load(lens_ptr + b).to(tl.int32), 0), s_max)
-    start = split * split_len
+    if BY_LENGTH:
+        span = tl.maximum(tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N), 1) * BLOCK_N
+    else:
+        span = split_len
+    start = split * span
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     if start >= seqlen:   # a slice past this sequence's end: nothing to read
@@ -176,7 +186,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, 
         else:
             tl.store(po_ptr + lse_off + part, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=row_ok)
     else:
-        end = tl.minimum(start + split_len, seqlen)
+        end = tl.minimum(start + span, seqlen)
         offs_n = tl.arange(0, BLOCK_N)
         q_ptrs = q_ptr + b.to(tl.int64) * q_sb + head.to(tl.int64)[:, None] * q_sh + i.to(tl.int64)[:, None] * q_ss \
             + offs_d[None, :]
@@ -310,6 +320,19 @@ def decode_splits(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: i
     return cdiv(s_max, split_len), split_len
 
 
+def decode_splits_by_length(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: int, block_n: int) -> int:
+    """Slices per sequence when they divide the tokens in the cache (``DECODE_BY_LENGTH``): enough
+    programs for ``DECODE_PROGRAMS_PER_SM`` per SM, at most one slice per ``block_n`` keys of
+    capacity. Slices past a short sequence's end stay empty (one load, one store).
+
+    Example:
+        >>> decode_splits_by_length(1, 8, 1, 4096, 132, 64), decode_splits_by_length(32, 8, 1, 4096, 132, 64)
+        (33, 1)
+    """
+    want = (DECODE_PROGRAMS_PER_SM * sms) // (batch * kv_heads * row_blocks)
+    return max(1, min(want, MAX_SPLITS, cdiv(s_max, block_n)))
+
+
 def _dot_flags(dtype: torch.dtype) -> tuple[bool, bool]:
     """(DOT_F32, IEEE): cast operands to float32 under the interpreter; float32 dots in IEEE."""
     return triton_interpreting(), dtype == torch.float32
@@ -337,9 +360,11 @@ def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: 
 
 
 def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optional[int] = None,
-                  num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> torch.Tensor:
+                  num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                  by_length: Optional[bool] = None) -> torch.Tensor:
     """Run split-KV decoding (split kernel + combine kernel); keyword arguments override the
-    configuration (for tuning). Never reads ``cache_seqlens`` on the host."""
+    configuration (for tuning; ``by_length`` defaults to ``DECODE_BY_LENGTH``). Never reads
+    ``cache_seqlens`` on the host."""
     p = call.problem
     q, k, v = call.q, call.k_cache, call.v_cache
     out = alloc.empty((p.batch, p.q_heads, p.q_len, p.head_dim), q.dtype, q.device)
@@ -351,7 +376,13 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     br, bn, nw, ns = decode_config(p.head_dim, q.element_size(), rows, triton_interpreting())
     bn, nw, ns = block_n or bn, num_warps or nw, num_stages or ns
     row_blocks = cdiv(rows, br)
-    if splits is None:
+    by_length = DECODE_BY_LENGTH if by_length is None else by_length
+    if by_length:   # split_len is then only the capacity's bound; the kernel divides the length
+        if splits is None:
+            splits = decode_splits_by_length(p.batch, p.kv_heads, row_blocks, p.kv_len, _sms(q), bn)
+        splits = max(1, min(splits, MAX_SPLITS, cdiv(p.kv_len, bn)))
+        split_len = cdiv(cdiv(p.kv_len, splits), bn) * bn
+    elif splits is None:
         splits, split_len = decode_splits(p.batch, p.kv_heads, row_blocks, p.kv_len, _sms(q), bn)
     else:
         splits = min(splits, MAX_SPLITS)
@@ -370,7 +401,7 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     tensors = (q, k, v, lens, part, out)
     ints = (lse_off, p.kv_heads, p.q_heads, p.q_len, rows, p.kv_len, split_len, splits, *q.stride()[:3],
             *k.stride()[:3], *v.stride()[:3])
-    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim)
+    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim, by_length and not direct)
     # what Triton specializes on (dtypes, 16-byte alignment, each int's class, constexprs): computing
     # the generic key over 30 arguments costs more host time than the kernel takes at short contexts
     key = (q.get_device(), q.dtype, lens.dtype, part.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \

@@ -134,8 +134,14 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
                 BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr,
                 CODE_MODE: tl.constexpr,
-                CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) output tiles; per K tile (inside one group) the codes go to tl.dot."""
+                CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                PLANES: tl.constexpr = False, SWAP: tl.constexpr = False):
+    """(BLOCK_M, BLOCK_N) output tiles; per K tile (inside one group) the codes go to tl.dot.
+
+    PLANES (int4): no interleaving reshape of the codes: code position i of every word of the
+    (BLOCK_N, BLOCK_K / 8) word tile is one dot (K = BLOCK_K / 8) against the x columns 8j + i.
+    SWAP: the weight is the dot's first operand (out^T = W x^T; the accumulator is (BLOCK_N,
+    BLOCK_M), transposed once at the end): the wide side of the MMA is N, not the few rows of x."""
     pid = tl.program_id(0)
     pid_m = pid % m_tiles
     pid_n = pid // m_tiles
@@ -147,17 +153,32 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     zero_const: tl.constexpr = 2 ** (BITS - 1)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # over K tile indices, not K offsets: k0 = kt * BLOCK_K is then known to be a multiple of
     # BLOCK_K, so the int4 word index k0 // 8 is aligned for 16-byte copies (a loop over offsets
     # from pid_k * k_per_split gave 8-byte cp.async per sm_90 SASS)
     for kt in range(pid_k * (k_per_split // BLOCK_K), (k_end + BLOCK_K - 1) // BLOCK_K):
         k0 = kt * BLOCK_K
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_mask = ks < K
-        codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
-        x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :],
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if PLANES:
+            p, xs = _plane_dots(x_ptr, w_ptr, ms, m_mask, rows, n_mask, k0, k_words, stride_xm, stride_w, F32_DOT,
+                                CODE_MODE, SWAP, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            ks = k0 + tl.arange(0, BLOCK_K)
+            codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
+            x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :],
+                        mask=m_mask[:, None] & (ks < K)[None, :], other=0.0)
+            c = _codes_as_float(codes, CODE_MODE)                     # code + CODE_OFFSET
+            if F32_DOT:
+                x = x.to(tl.float32)
+                c = c.to(tl.float32)
+            if SWAP:
+                p = tl.dot(c, tl.trans(x))
+            else:
+                p = tl.dot(x, tl.trans(c))
+            xs = tl.sum(x.to(tl.float32), axis=1)                    # (BLOCK_M,)
         g = 0 if PER_ROW else k0 // GROUP
         s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)     # scales_t is (groups, N)
         if SYMMETRIC:
@@ -165,15 +186,47 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
         else:
             z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
         # the whole K tile is one group (BLOCK_K divides it)
-        c = _codes_as_float(codes, CODE_MODE)                         # code + CODE_OFFSET
-        if F32_DOT:
-            p = tl.dot(x.to(tl.float32), tl.trans(c.to(tl.float32)))
+        if SWAP:
+            acc += (p - (z + CODE_OFFSET)[:, None] * xs[None, :]) * s[:, None]
         else:
-            p = tl.dot(x, tl.trans(c))
-        xs = tl.sum(x.to(tl.float32), axis=1)                        # (BLOCK_M,)
-        acc += (p - xs[:, None] * (z + CODE_OFFSET)[None, :]) * s[None, :]
+            acc += (p - xs[:, None] * (z + CODE_OFFSET)[None, :]) * s[None, :]
+    if SWAP:
+        acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
+
+
+@triton.jit
+def _plane_dots(x_ptr, w_ptr, ms, m_mask, rows, n_mask, k0, k_words, stride_xm, stride_w, F32_DOT: tl.constexpr,
+                CODE_MODE: tl.constexpr, SWAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """One int4 K tile as 8 dots, one per code position i of the (BLOCK_N, BLOCK_K / 8) words
+    (codes + CODE_OFFSET against x[:, 8j + i]): the word tile keeps the layout it was loaded in.
+    Returns the dot sum ((BLOCK_M, BLOCK_N), or (BLOCK_N, BLOCK_M) with SWAP) and x's row sums."""
+    WORDS: tl.constexpr = BLOCK_K // 8
+    words = k0 // 8 + tl.arange(0, WORDS)
+    w_mask = words < k_words
+    packed = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + words[None, :],
+                     mask=n_mask[:, None] & w_mask[None, :], other=0)
+    x_base = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + (words * 8)[None, :]
+    x_mask = m_mask[:, None] & w_mask[None, :]
+    if SWAP:
+        p = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        p = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    xs = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for i in tl.static_range(8):
+        c = _codes_as_float((packed >> (4 * i)) & 0xF, CODE_MODE)
+        x = tl.load(x_base + i, mask=x_mask, other=0.0)
+        if F32_DOT:
+            x = x.to(tl.float32)
+            c = c.to(tl.float32)
+        if SWAP:
+            p += tl.dot(c, tl.trans(x))
+        else:
+            p += tl.dot(x, tl.trans(c))
+        xs += tl.sum(x.to(tl.float32), axis=1)
+    return p, xs
 
 
 @triton.jit
@@ -550,9 +603,10 @@ def launch(call: LinearCall) -> torch.Tensor:
 
 
 def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM,
-                  fixup: Optional[bool] = None) -> torch.Tensor:
+                  fixup: Optional[bool] = None, planes: bool = False, swap: bool = False) -> torch.Tensor:
     """Run ``call`` with an explicit ``tile_config``-style tuple (the benchmark's sweep uses this).
-    BLOCK_M 1 without dot is the GEMV kernel (M must be 1); the dot path needs BLOCK_K <= group."""
+    BLOCK_M 1 without dot is the GEMV kernel (M must be 1); the dot path needs BLOCK_K <= group.
+    ``planes`` (int4) and ``swap`` choose the dot kernel's PLANES and SWAP forms."""
     p = call.problem
     w = call.w
     x = call.x
@@ -581,7 +635,7 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // 8,
                               x.stride(0), w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
                               w.symmetric, has_bias, split > 1, fixup, triton_interpreting(), mode, offset,
-                              block_m, block_n, block_k),
+                              block_m, block_n, block_k, planes and w.bits == 4, swap),
              num_warps=warps, num_stages=stages)
     else:
         pack = 32 // w.bits
