@@ -64,37 +64,35 @@ INT8_CONFIGS = [((1, 16, 1024, False, 4, 1), 4, False), ((1, 16, 1024, False, 4,
                 ((1, 16, 1024, False, 4, 1), 1, False)]
 
 #: For ``--rows M`` > 1 (batched decode): ((BLOCK_M, BLOCK_N, BLOCK_K, dot, warps, stages), programs
-#: per SM, fixup, planes, swap). BLOCK_M 0 stands for the power of two >= M (the GEMV kernel,
+#: per SM, fixup, join, swap). BLOCK_M 0 stands for the power of two >= M (the GEMV kernel,
 #: M <= 16; small BLOCK_N keeps its 3-D tiles in registers: 72-168 registers, no spills for sm_90
-#: per benchmarks/quant_ptx.py), then tl.dot tiles, plain and in the PLANES (int4: a dot per code
-#: position, no reshape) and SWAP (weight as the MMA's first operand) forms.
-ROWS_CONFIGS = [((0, 4, 256, False, 4, 1), 4, True, False, False), ((0, 8, 256, False, 4, 1), 4, True, False, False),
-                ((0, 4, 512, False, 4, 1), 4, True, False, False), ((0, 16, 256, False, 4, 1), 4, True, False, False),
-                ((16, 128, 128, True, 4, 3), 4, False, False, False), ((16, 64, 128, True, 4, 3), 4, False, False, False),
-                ((16, 128, 128, True, 4, 3), 4, False, True, False), ((16, 128, 128, True, 4, 3), 4, False, False, True),
-                ((16, 128, 128, True, 4, 3), 4, False, True, True), ((16, 64, 128, True, 4, 3), 4, False, True, True),
-                ((16, 64, 128, True, 4, 3), 4, False, False, True), ((16, 128, 128, True, 8, 3), 4, False, True, True),
-                ((16, 128, 128, True, 4, 4), 4, False, True, True), ((16, 128, 128, True, 4, 3), 2, False, True, True),
-                ((16, 128, 128, True, 4, 3), 4, True, True, True), ((16, 256, 128, True, 8, 3), 4, False, True, True)]
+#: per benchmarks/quant_ptx.py), then tl.dot tiles, plain and in the JOIN (int4: codes unpacked
+#: through tl.join) and SWAP (weight as the MMA's first operand) forms. Session 6's first sweep
+#: (results/h100/session6/call1) had GEMV tiles for M 8/16 (3-5x slower) and a per-code-position
+#: dot form (slower than SWAP); this list is its second round.
+ROWS_CONFIGS = [((16, 64, 128, True, 4, 3), 4, False, False, True), ((16, 64, 128, True, 4, 3), 4, False, True, True),
+                ((16, 128, 128, True, 4, 3), 4, False, True, True), ((16, 32, 128, True, 4, 3), 4, False, True, True),
+                ((16, 64, 128, True, 8, 3), 4, False, True, True), ((16, 64, 128, True, 4, 4), 4, False, True, True),
+                ((16, 128, 128, True, 4, 3), 4, False, True, False), ((16, 64, 128, True, 4, 3), 2, False, True, True)]
 DENSE_ROWS_CONFIGS = [(2, 1024, 4, 4), (4, 512, 4, 4), (4, 256, 4, 4)]
 
 
 def rows_configs(m: int, bits: int) -> list:
     """ROWS_CONFIGS for M rows: BLOCK_M filled in, GEMV tiles only up to 16 rows, the dot tiles'
-    BLOCK_M the power of two >= M (16 at least), PLANES only for int4."""
+    BLOCK_M the power of two >= M (16 at least), JOIN only for int4."""
     block_m = 1 << (m - 1).bit_length()
     out = []
-    for cfg, pps, fix, planes, swap in ROWS_CONFIGS:
+    for cfg, pps, fix, join, swap in ROWS_CONFIGS:
         if cfg[3] is False:
             if block_m > 16:
                 continue
             cfg = (block_m,) + cfg[1:]
             fix = fix and bits == 4
         else:
-            if planes and bits != 4:
+            if join and bits != 4:
                 continue
             cfg = (max(16, block_m),) + cfg[1:]
-        out.append((cfg, pps, fix, planes, swap))
+        out.append((cfg, pps, fix, join, swap))
     return out
 
 
@@ -185,11 +183,11 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
             flagged(qk, "WIDE_K", True, lambda: timed(f"int{bits} linear wide", fns,
                                                        lambda: opforge.linear(x, qs[0]), want))
         for cfg, pps, fix, *form in configs:
-            planes, swap = form or (False, False)
+            join, swap = form or (False, False)
             kind = "" if m == 1 else (f" dot{cfg[0]}" if cfg[3] else f" gemv{cfg[0]}")
-            kind += (" planes" if planes else "") + (" swap" if swap else "")
+            kind += (" join" if join else "") + (" swap" if swap else "")
             name = f"int{bits}{kind} {cfg[1:3]} w{cfg[4]} s{cfg[5]} pps{pps}{' fixup' if fix else ' combine'}"
-            kw = {"programs_per_sm": pps, "fixup": fix, "planes": planes, "swap": swap}
+            kw = {"programs_per_sm": pps, "fixup": fix, "join": join, "swap": swap}
             timed(name, [lambda c=c, cfg=cfg, kw=kw: qk.launch_config(c, cfg, **kw) for c in calls],
                   lambda cfg=cfg, kw=kw: qk.launch_config(calls[0], cfg, **kw), want)
         if device == "cuda" and bits == 4:
@@ -294,43 +292,50 @@ def step_breakdown(device: str, smoke: bool) -> None:
 
 
 def model_variants(device: str, smoke: bool) -> None:
-    """The 1B model's decode step (graph replay) under each launch setting: the dense GEMV on/off,
-    wide-K tiles on/off (int4, int8), the output head dense or quantized."""
+    """The 1B model's decode step (graph replay, a 4096-token cache holding 512) at batch 1 and 8
+    under each launch setting: the defaults, then each of session 6's changes off (decode
+    attention's slices by length; the swapped dot tiles, batch 8 only) and the int4 JOIN unpack on."""
     from opforge.models import load
     from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
-    from opforge.ops.quant import dense_gemv as dg
+    from opforge.ops.attention import triton_kernels as ak
     config = dict(TINY_LLAMA, vocab_size=256) if smoke else LLAMA_1B
     path = write_random_checkpoint(config, tempfile.mkdtemp(prefix="opforge-variants-"), device, torch.bfloat16)
     out = RESULTS.setdefault("models", {})
-    for quant, head in ((None, False), ("int4", False), ("int4", True), ("int8", False), ("int8", True)):
-        kw = dict(group_size=32) if smoke else {}
-        model = load(path, device=device, dtype=torch.bfloat16, quantize=quant, quantize_head=head, max_seq_len=1024,
-                     max_batch=1, **kw)
-        ids = torch.randint(0, config["vocab_size"], (1, 512), device=device)
-        model.prefill(ids, torch.tensor([512]))
-        tok, seqlens = ids[:, -1].clone(), model.cache_seqlens[:1]
-        ref = flagged(qk, "WIDE_K", False, lambda: flagged(dg, "DENSE_GEMV", False,
-                                                           lambda: model.decode_step(tok, seqlens)))
-        combos = [(False, False), (False, True)] if quant is None else \
-            [(False, False), (True, False), (False, True), (True, True)]
-        for wide, dense_gemv_on in combos:
-            label = f"{quant or 'bf16'}{' head' if head else ''} wide_k={int(wide)} dense_gemv={int(dense_gemv_on)}"
+    for batch in (1, 8):
+        for quant, head in ((None, False), ("int4", True), ("int8", True)):
+            kw = dict(group_size=32) if smoke else {}
+            model = load(path, device=device, dtype=torch.bfloat16, quantize=quant, quantize_head=head,
+                         max_seq_len=4096, max_batch=batch, **kw)
+            ids = torch.randint(0, config["vocab_size"], (batch, 512), device=device)
+            model.prefill(ids, torch.tensor([512] * batch))
+            tok, seqlens = ids[:, -1].clone(), model.cache_seqlens[:batch]
+            ref = model.decode_step(tok, seqlens)
+            variants = [("default", ()), ("by_length=0", ((ak, "DECODE_BY_LENGTH", False),))]
+            if quant is not None and batch > 1:
+                variants += [("swap=0", ((qk, "DOT_SWAP", False),))]
+                if quant == "int4":
+                    variants += [("join=1", ((qk, "DOT_JOIN", True),))]
+            for name, flags in variants:
+                label = f"b{batch} {quant or 'bf16'}{' head' if head else ''} {name}"
 
-            def run() -> None:
-                logits = model.decode_step(tok, seqlens)
-                err = rel_error(logits, ref)
-                us = graph_us([lambda: model.decode_step(tok, seqlens)], replays=30) if device == "cuda" else 0.0
-                out[label] = {"step_us": us, "tokens_per_s": 1e6 / us if us else 0.0, "logits_rel_vs_first": err,
-                              "weight_bytes": model.weight_bytes()}
-                print(f"model {label}: step {us:.0f} us = {1e6 / max(us, 1e-9):.0f} tokens/s, logits vs the "
-                      f"first setting {err:.2e}, weights {model.weight_bytes() / 1e9:.2f} GB", flush=True)
-            try:
-                flagged(qk, "WIDE_K", wide, lambda: flagged(dg, "DENSE_GEMV", dense_gemv_on, run))
-            except Exception as exc:
-                RESULTS["errors"].append(f"model {label}: {type(exc).__name__}: {str(exc)[:300]}")
-        del model
-        if device == "cuda":
-            torch.cuda.empty_cache()
+                def run() -> None:
+                    logits = model.decode_step(tok, seqlens)
+                    err = rel_error(logits, ref)
+                    us = graph_us([lambda: model.decode_step(tok, seqlens)], replays=30) if device == "cuda" else 0.0
+                    out[label] = {"step_us": us, "tokens_per_s": batch * 1e6 / us if us else 0.0,
+                                  "logits_rel_vs_default": err, "weight_bytes": model.weight_bytes()}
+                    print(f"model {label}: step {us:.0f} us = {batch * 1e6 / max(us, 1e-9):.0f} tokens/s, logits vs "
+                          f"the default {err:.2e}, weights {model.weight_bytes() / 1e9:.2f} GB", flush=True)
+                fn = run
+                for module, attr, value in flags:
+                    fn = (lambda f, m, a, v: lambda: flagged(m, a, v, f))(fn, module, attr, value)
+                try:
+                    fn()
+                except Exception as exc:
+                    RESULTS["errors"].append(f"model {label}: {type(exc).__name__}: {str(exc)[:300]}")
+            del model
+            if device == "cuda":
+                torch.cuda.empty_cache()
 
 
 def main() -> int:

@@ -189,15 +189,19 @@ def test_decode_slices_by_length(splits):
 
 
 def test_decode_splits_by_length_fill_the_gpu():
-    assert tk.decode_splits_by_length(1, 8, 1, 4096, 132, 64) == 33      # 264 programs: 2 per SM
+    assert tk.decode_splits_by_length(1, 8, 1, 4096, 132, 64) == 16      # 128 programs: 1 per SM
     assert tk.decode_splits_by_length(1, 8, 1, 100, 132, 64) == 2        # at most a slice per key tile
     assert tk.decode_splits_by_length(64, 8, 1, 4096, 132, 64) == 1
 
 
-def test_decode_default_splits_on_a_long_cache(monkeypatch):
-    """The public path with the split heuristic giving several slices (short minimum slice)."""
+@pytest.mark.parametrize("by_length", [True, False])
+def test_decode_default_splits_on_a_long_cache(monkeypatch, by_length):
+    """The public path with the split heuristic giving several slices (short minimum slice), with
+    slices by the tokens in the cache (the default) and by its capacity."""
     monkeypatch.setattr(tk, "MIN_SPLIT_TOKENS", 16)
+    monkeypatch.setattr(tk, "DECODE_BY_LENGTH", by_length)
     assert tk.decode_splits(1, 1, 1, 100, tk.sm_count(None), 16)[0] > 1
+    assert tk.decode_splits_by_length(1, 1, 1, 100, tk.sm_count(None), 16) > 1
     case = cases.decode_case(1, 4, 1, 1, 100, 64, torch.float16, (73,))
     check_case(case, "triton")
 

@@ -236,8 +236,8 @@ DEFAULT_CHOICES = {(4, 1): (128, 128, False, False), (4, 4): (128, 128, False, F
                    (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
                    (4, 40): (64, 64, True, False), (8, 40): (64, 64, True, False)}
 TUNED_CHOICES = {(4, 1): (128, 128, False, True), (4, 4): (128, 128, False, True), (8, 2): (64, 128, False, False),
-                 (4, 8): (128, 128, True, False), (4, 16): (128, 128, True, False), (8, 16): (64, 128, True, False),
-                 (4, 40): (64, 128, True, False), (8, 40): (64, 64, True, False)}
+                 (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
+                 (4, 40): (64, 128, True, False), (8, 40): (64, 128, True, False)}
 
 
 @pytest.mark.parametrize("tuned", [False, True], ids=["default", "tuned"])
@@ -259,9 +259,11 @@ def test_default_launch_choices_per_row_bucket(monkeypatch, tuned, bits, m):
     cfg = tk.tile_config(call.problem)
     assert cfg[1:4] == (block_n, block_k, use_dot) and tk.split_fixup(cfg, bits) is fixup
     assert tk._split(tk.cdiv(m, cfg[0]) * tk.cdiv(n, cfg[1]), k, cfg[2], x.device, tk.PROGRAMS_PER_SM)[0] > 1
+    swap = use_dot and tk._swapped(call.problem)
+    assert swap == (tuned and use_dot)      # the tuned dot tiles run swapped (weight as the MMA's A)
     with opforge.runtime.alloc.poisoned_outputs():
         y = tk.launch(call)
-        other = tk.launch_config(call, cfg, fixup=not fixup)
+        other = tk.launch_config(call, cfg, fixup=not fixup, swap=swap)
     assert torch.equal(y, other)
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
     assert int(tk._counters(x.device, 1).abs().sum()) == 0
@@ -301,8 +303,14 @@ def test_default_choices_are_mains(monkeypatch):
     wide = {key for key in MAIN_TILES if key[2] == 1}     # session 5: M=1 takes wide-K tiles when tuned
     assert {key for key in wide if tk.tile_config(prob(*key)) == tk.wide_k_config(prob(*key))} == wide
     monkeypatch.setattr(tk, "WIDE_K", False)
+    monkeypatch.setattr(tk, "DOT_SWAP", False)
     changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
     assert changed == {(4, 128, 5), (4, 128, 16), (4, 128, 33), (4, 128, 64), (4, -1, 16), (4, -1, 64)}
+    monkeypatch.setattr(tk, "DOT_SWAP", True)     # session 6: swapped dot tiles up to 64 rows
+    swapped = {key for key in MAIN_TILES if tk._swapped(prob(*key))}
+    assert swapped == {key for key in MAIN_TILES if 3 <= key[2] <= 64 and not (key[0] == 4 and key[2] <= 4)}
+    changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
+    assert changed == {(4, 128, 17), (4, 128, 33), (4, 128, 64), (4, -1, 64), (8, 128, 64)}
     assert [tk.split_fixup(MAIN_TILES[key], key[0]) for key in ((4, 128, 1), (8, 128, 2), (4, 128, 16))] == \
         [True, False, False]
     assert problem.dequant_gemm_min_m() == 256
@@ -310,19 +318,23 @@ def test_default_choices_are_mains(monkeypatch):
 
 
 def test_tuned_setting_is_read_from_the_environment():
-    """OPFORGE_QUANT_TUNED at import: unset or 1 the tuned choices, 0 the earlier ones (a fresh
-    interpreter each)."""
+    """OPFORGE_QUANT_TUNED at import: unset or 1 the tuned choices, 0 the earlier ones; and
+    OPFORGE_QUANT_SWAP=0 the tuned choices without the swapped dot tiles (a fresh interpreter each)."""
     import os
     import subprocess
     import sys
     code = ("import torch; from opforge.ops.quant import problem, triton_kernels as tk; "
             "p = problem.LinearProblem(torch.bfloat16, 16, 4096, 4096, 4, 128, False, False, 'cuda'); "
-            "print(problem.TUNED, problem.dequant_gemm_min_m(), tk.tile_config(p)[1])")
+            "print(problem.TUNED, problem.dequant_gemm_min_m(), tk.tile_config(p)[1], tk._swapped(p))")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    for value, want in ((None, "True 256 128"), ("1", "True 256 128"), ("0", "False 1024 64")):
+    for value, swap, want in ((None, None, "True 256 64 True"), ("1", None, "True 256 64 True"),
+                              ("0", None, "False 1024 64 False"), (None, "0", "True 256 128 False")):
         env.pop("OPFORGE_QUANT_TUNED", None)
+        env.pop("OPFORGE_QUANT_SWAP", None)
         if value is not None:
             env["OPFORGE_QUANT_TUNED"] = value
+        if swap is not None:
+            env["OPFORGE_QUANT_SWAP"] = swap
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.split("\n")[-2] == want, out.stderr[-2000:]
 
@@ -359,12 +371,12 @@ def test_wide_k_config_leaves_groups_that_do_not_divide_the_tile():
         (1, 8, 1024, False, 4, 1)
 
 
-@pytest.mark.parametrize("planes,swap", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("join,swap", [(True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("bits,group_size,symmetric,dtype", [(4, 128, False, torch.bfloat16), (4, 32, True, torch.float16),
                                                              (8, 64, False, torch.bfloat16)])
 @pytest.mark.parametrize("m", [5, 16, 33])
-def test_dot_kernel_plane_and_swapped_forms(planes, swap, bits, group_size, symmetric, dtype, m):
-    """The dot kernel's PLANES form (int4: a dot per code position, no reshape; int8 ignores it)
+def test_dot_kernel_joined_and_swapped_forms(join, swap, bits, group_size, symmetric, dtype, m):
+    """The dot kernel's JOIN form (int4: codes unpacked through tl.join; int8 ignores it)
     and SWAP form (the weight as the MMA's first operand), with K split and a ragged N, against
     the float64 oracle."""
     from opforge.ops.quant.problem import prepare
@@ -376,5 +388,5 @@ def test_dot_kernel_plane_and_swapped_forms(planes, swap, bits, group_size, symm
     block_m = 16 if m <= 16 else 32
     with opforge.runtime.alloc.poisoned_outputs():
         y = tk.launch_config(call, (block_m, 32, min(group_size, 128), True, 4, 3), programs_per_sm=8,
-                             planes=planes, swap=swap)
+                             join=join, swap=swap)
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[dtype]

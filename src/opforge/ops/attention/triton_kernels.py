@@ -47,8 +47,12 @@ MIN_SPLIT_TOKENS = 256       # decode: a slice shorter than this costs more to m
 DECODE_PROGRAMS_PER_SM = 2
 MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
 # decode: slices sized by the tokens in the cache (read on the device) rather than by its
-# capacity. Off until measured on a GPU (``OPFORGE_DECODE_BY_LENGTH=1`` turns it on).
-DECODE_BY_LENGTH = os.environ.get("OPFORGE_DECODE_BY_LENGTH", "0") not in ("", "0")
+# capacity, about one program per SM. H100 (session 6, batch 1, CUDA graphs, L2-cold caches,
+# benchmarks/gpu_decode_breakdown.py --part attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
+# in a 1024 cache 6.7 -> 5.8; 8B 512 in 4096 8.4 -> 6.3; full 4096 caches 9.0 -> 9.2 and 12.3 ->
+# 12.4 (1B, 8B). ``OPFORGE_DECODE_BY_LENGTH=0`` restores the capacity's slices.
+DECODE_BY_LENGTH = os.environ.get("OPFORGE_DECODE_BY_LENGTH", "1") not in ("", "0")
+DECODE_BY_LENGTH_PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -322,14 +326,14 @@ def decode_splits(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: i
 
 def decode_splits_by_length(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: int, block_n: int) -> int:
     """Slices per sequence when they divide the tokens in the cache (``DECODE_BY_LENGTH``): enough
-    programs for ``DECODE_PROGRAMS_PER_SM`` per SM, at most one slice per ``block_n`` keys of
-    capacity. Slices past a short sequence's end stay empty (one load, one store).
+    programs for ``DECODE_BY_LENGTH_PROGRAMS_PER_SM`` per SM, at most one slice per ``block_n``
+    keys of capacity. Slices past a short sequence's end stay empty (one load, one store).
 
     Example:
         >>> decode_splits_by_length(1, 8, 1, 4096, 132, 64), decode_splits_by_length(32, 8, 1, 4096, 132, 64)
-        (33, 1)
+        (16, 1)
     """
-    want = (DECODE_PROGRAMS_PER_SM * sms) // (batch * kv_heads * row_blocks)
+    want = (DECODE_BY_LENGTH_PROGRAMS_PER_SM * sms) // (batch * kv_heads * row_blocks)
     return max(1, min(want, MAX_SPLITS, cdiv(s_max, block_n)))
 
 

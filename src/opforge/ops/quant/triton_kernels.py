@@ -87,20 +87,42 @@ WIDE_K = os.environ.get("OPFORGE_QUANT_WIDE_K", "1") not in ("", "0")
 WIDE_K_STEP_BYTES = 8192
 WIDE_K_WIDE_N = 16384
 WIDE_K_PROGRAMS_PER_SM = 4
+#: The dot kernel with the weight as the MMA's first operand (SWAP) for M up to ``SWAP_MAX_M``,
+#: on tiles of 64 features x 128 codes (int4 and int8). H100 sweep (session 6, CUDA graphs over
+#: L2-cold weights, 1B/8B projection shapes): int4 M=16 0.88-1.09x -> 1.18-1.84x bf16 cuBLAS,
+#: int8 M=16 0.72-1.31x -> 0.88-1.87x; at M=32 the old tiles ran int4 at 0.26-0.35x bf16, swapped
+#: 0.62-1.15x. Part of the tuned choices; ``OPFORGE_QUANT_SWAP=0`` turns it off alone.
+DOT_SWAP = os.environ.get("OPFORGE_QUANT_SWAP", "1") not in ("", "0")
+SWAP_MAX_M = 64
+#: int4 codes unpacked through ``tl.join`` in the dot kernel (``_load_codes``). Off until
+#: measured on a GPU (``OPFORGE_QUANT_JOIN=1`` turns it on).
+DOT_JOIN = os.environ.get("OPFORGE_QUANT_JOIN", "0") not in ("", "0")
 
 
 @triton.jit
 def _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
+                BLOCK_K: tl.constexpr, JOIN: tl.constexpr = False):
     """The (BLOCK_N, BLOCK_K) int32 codes of rows ``rows`` at columns ``k0 ..`` (0 where masked).
     ``k_words`` = K / 8 as an argument of its own: ``K // 8`` is only known to be even, which
-    made the masked word loads 8 bytes wide."""
+    made the masked word loads 8 bytes wide.
+
+    int4 JOIN: the 8 codes of a word join in three levels of ``tl.join`` (each adds a minor
+    dimension of 2 held by the same thread), paired so that the joined index (c, b, a) is code
+    4c + 2b + a; the reshape then merges dimensions one thread already holds in order, instead
+    of spreading a broadcast dimension of 8 over the tile."""
     if BITS == 4:
         words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         w_off = rows.to(tl.int64)[:, None] * stride_w + words[None, :]
         packed = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (words < k_words)[None, :], other=0)
-        shifts = tl.arange(0, 8) * 4
-        codes = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
+        if JOIN:
+            q0 = tl.join(tl.join((packed & 0xF), (packed >> 16) & 0xF),
+                         tl.join((packed >> 8) & 0xF, (packed >> 24) & 0xF))
+            q1 = tl.join(tl.join((packed >> 4) & 0xF, (packed >> 20) & 0xF),
+                         tl.join((packed >> 12) & 0xF, (packed >> 28) & 0xF))
+            codes = tl.reshape(tl.join(q0, q1), (BLOCK_N, BLOCK_K))
+        else:
+            shifts = tl.arange(0, 8) * 4
+            codes = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
         w_off = rows.to(tl.int64)[:, None] * stride_w + ks[None, :]
@@ -135,11 +157,10 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr,
                 CODE_MODE: tl.constexpr,
                 CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                PLANES: tl.constexpr = False, SWAP: tl.constexpr = False):
+                JOIN: tl.constexpr = False, SWAP: tl.constexpr = False):
     """(BLOCK_M, BLOCK_N) output tiles; per K tile (inside one group) the codes go to tl.dot.
 
-    PLANES (int4): no interleaving reshape of the codes: code position i of every word of the
-    (BLOCK_N, BLOCK_K / 8) word tile is one dot (K = BLOCK_K / 8) against the x columns 8j + i.
+    JOIN (int4): the codes leave their words through ``tl.join`` (see ``_load_codes``).
     SWAP: the weight is the dot's first operand (out^T = W x^T; the accumulator is (BLOCK_N,
     BLOCK_M), transposed once at the end): the wide side of the MMA is N, not the few rows of x."""
     pid = tl.program_id(0)
@@ -162,23 +183,19 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
     # from pid_k * k_per_split gave 8-byte cp.async per sm_90 SASS)
     for kt in range(pid_k * (k_per_split // BLOCK_K), (k_end + BLOCK_K - 1) // BLOCK_K):
         k0 = kt * BLOCK_K
-        if PLANES:
-            p, xs = _plane_dots(x_ptr, w_ptr, ms, m_mask, rows, n_mask, k0, k_words, stride_xm, stride_w, F32_DOT,
-                                CODE_MODE, SWAP, BLOCK_M, BLOCK_N, BLOCK_K)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K, JOIN)
+        x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :],
+                    mask=m_mask[:, None] & (ks < K)[None, :], other=0.0)
+        c = _codes_as_float(codes, CODE_MODE)                         # code + CODE_OFFSET
+        if F32_DOT:
+            x = x.to(tl.float32)
+            c = c.to(tl.float32)
+        if SWAP:
+            p = tl.dot(c, tl.trans(x))
         else:
-            ks = k0 + tl.arange(0, BLOCK_K)
-            codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
-            x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :],
-                        mask=m_mask[:, None] & (ks < K)[None, :], other=0.0)
-            c = _codes_as_float(codes, CODE_MODE)                     # code + CODE_OFFSET
-            if F32_DOT:
-                x = x.to(tl.float32)
-                c = c.to(tl.float32)
-            if SWAP:
-                p = tl.dot(c, tl.trans(x))
-            else:
-                p = tl.dot(x, tl.trans(c))
-            xs = tl.sum(x.to(tl.float32), axis=1)                    # (BLOCK_M,)
+            p = tl.dot(x, tl.trans(c))
+        xs = tl.sum(x.to(tl.float32), axis=1)                        # (BLOCK_M,)
         g = 0 if PER_ROW else k0 // GROUP
         s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)     # scales_t is (groups, N)
         if SYMMETRIC:
@@ -194,39 +211,6 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
         acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
-
-
-@triton.jit
-def _plane_dots(x_ptr, w_ptr, ms, m_mask, rows, n_mask, k0, k_words, stride_xm, stride_w, F32_DOT: tl.constexpr,
-                CODE_MODE: tl.constexpr, SWAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
-    """One int4 K tile as 8 dots, one per code position i of the (BLOCK_N, BLOCK_K / 8) words
-    (codes + CODE_OFFSET against x[:, 8j + i]): the word tile keeps the layout it was loaded in.
-    Returns the dot sum ((BLOCK_M, BLOCK_N), or (BLOCK_N, BLOCK_M) with SWAP) and x's row sums."""
-    WORDS: tl.constexpr = BLOCK_K // 8
-    words = k0 // 8 + tl.arange(0, WORDS)
-    w_mask = words < k_words
-    packed = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + words[None, :],
-                     mask=n_mask[:, None] & w_mask[None, :], other=0)
-    x_base = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + (words * 8)[None, :]
-    x_mask = m_mask[:, None] & w_mask[None, :]
-    if SWAP:
-        p = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        p = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    xs = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for i in tl.static_range(8):
-        c = _codes_as_float((packed >> (4 * i)) & 0xF, CODE_MODE)
-        x = tl.load(x_base + i, mask=x_mask, other=0.0)
-        if F32_DOT:
-            x = x.to(tl.float32)
-            c = c.to(tl.float32)
-        if SWAP:
-            p += tl.dot(c, tl.trans(x))
-        else:
-            p += tl.dot(x, tl.trans(c))
-        xs += tl.sum(x.to(tl.float32), axis=1)
-    return p, xs
 
 
 @triton.jit
@@ -474,6 +458,9 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     H100 sweep's best (round 3, 4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md): M 5..16
     128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept). One row
     (int4 and int8) takes ``wide_k_config`` under ``TUNED`` and ``WIDE_K`` (session 5's sweep).
+    Past the GEMV's rows and up to ``SWAP_MAX_M``, ``TUNED`` and ``DOT_SWAP`` give the swapped dot
+    kernel's tiles: BLOCK_M the power of two >= M (16 at least), 64 features, BLOCK_K the group up
+    to 128 (session 6's sweep).
 
     Example:
         >>> from opforge.ops.quant.problem import LinearProblem
@@ -489,6 +476,8 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
         block_m = _pow2_ge(p.m)
         # int4 128 features (4 rows per thread; 255 registers, no spills at 4 rows of x), int8 64
         return block_m, 128 if p.bits == 4 else 64, 128, False, 4, 3
+    if _swapped(p):
+        return max(16, _pow2_ge(p.m)), 64, min(_pow2_le(g), 128), True, 4, 3
     tuned_int4 = qproblem.TUNED and p.bits == 4
     if p.m <= 16:
         # tuned, int4 128 features: 4096x4096 M=16 31.5 -> 25.6 us, 28672x8192 328.9 -> 240.8 us (H100 sweep)
@@ -500,6 +489,11 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     block_m = 64 if p.m < 256 else 128
     block_n = 128 if p.n >= 128 else 64
     return block_m, block_n, min(_pow2_le(g), 64), True, 8 if block_m == 128 else 4, 3
+
+
+def _swapped(p: LinearProblem) -> bool:
+    """Whether the dot kernel runs in its SWAP form for this problem (see ``DOT_SWAP``)."""
+    return DOT_SWAP and qproblem.TUNED and p.m <= SWAP_MAX_M and not (p.m <= GEMV_ROWS and _gemv_ok(p))
 
 
 def wide_k_config(p: LinearProblem) -> Optional[tuple[int, int, int, bool, int, int]]:
@@ -598,15 +592,17 @@ def split_fixup(config: tuple, bits: int = 4) -> bool:
 
 def launch(call: LinearCall) -> torch.Tensor:
     """Run the kernel for ``call`` (either variant: the tile config tells them apart)."""
-    config = tile_config(call.problem)
-    return launch_config(call, config, _programs_per_sm(config))
+    p = call.problem
+    config = tile_config(p)
+    swap = config[3] and _swapped(p)
+    return launch_config(call, config, _programs_per_sm(config), join=swap and DOT_JOIN, swap=swap)
 
 
 def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM,
-                  fixup: Optional[bool] = None, planes: bool = False, swap: bool = False) -> torch.Tensor:
+                  fixup: Optional[bool] = None, join: bool = False, swap: bool = False) -> torch.Tensor:
     """Run ``call`` with an explicit ``tile_config``-style tuple (the benchmark's sweep uses this).
     BLOCK_M 1 without dot is the GEMV kernel (M must be 1); the dot path needs BLOCK_K <= group.
-    ``planes`` (int4) and ``swap`` choose the dot kernel's PLANES and SWAP forms."""
+    ``join`` (int4) and ``swap`` choose the dot kernel's JOIN and SWAP forms."""
     p = call.problem
     w = call.w
     x = call.x
@@ -635,7 +631,7 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // 8,
                               x.stride(0), w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
                               w.symmetric, has_bias, split > 1, fixup, triton_interpreting(), mode, offset,
-                              block_m, block_n, block_k, planes and w.bits == 4, swap),
+                              block_m, block_n, block_k, join and w.bits == 4, swap),
              num_warps=warps, num_stages=stages)
     else:
         pack = 32 // w.bits
