@@ -91,6 +91,27 @@ def empty_packed_like(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_counter_buffers: dict = {}
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters for kernels whose last program of a tile finishes the tile
+    (a K-split or KV-split reduction inside the kernel): zeroed once, and left at zero by every
+    launch (that last program resets its counter). One buffer per device and CUDA stream
+    (launches on one stream run in order), so two streams never share counters.
+
+    Example:
+        >>> tile_counters(torch.device("cpu"), 8).abs().sum().item()
+        0
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream)
+    buf = _counter_buffers.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = _counter_buffers[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    return buf
+
+
 @contextlib.contextmanager
 def simulate_out_of_memory(times: int = 1) -> Iterator[None]:
     """Make the next ``times`` allocations through this module raise ``torch.OutOfMemoryError``

@@ -263,7 +263,7 @@ def test_default_launch_choices_per_row_bucket(monkeypatch, tuned, bits, m):
     assert swap == (tuned and use_dot)      # the tuned dot tiles run swapped (weight as the MMA's A)
     with opforge.runtime.alloc.poisoned_outputs():
         y = tk.launch(call)
-        other = tk.launch_config(call, cfg, fixup=not fixup, swap=swap)
+        other = tk.launch_config(call, cfg, fixup=not fixup, join=swap and tk.DOT_JOIN, swap=swap)
     assert torch.equal(y, other)
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
     assert int(tk._counters(x.device, 1).abs().sum()) == 0
