@@ -209,11 +209,11 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
 ATTN_CASES = [("1B ctx512 cap1024", 32, 8, 64, 1024, 512), ("1B ctx512 cap4096", 32, 8, 64, 4096, 512),
               ("1B ctx4096", 32, 8, 64, 4096, 4096), ("8B ctx512 cap4096", 32, 8, 128, 4096, 512),
               ("8B ctx4096", 32, 8, 128, 4096, 4096)]
-#: (forced split count or None for the heuristic, slices by the tokens in the cache, partials
-#: merged in the split kernel). Session 6's first round (results/h100/session6/call1) swept split
-#: counts by capacity and by length; this is the second: the in-kernel merge.
-ATTN_SPLITS = [(None, False, False), (None, True, False), (None, True, True), (8, True, True), (16, True, True),
-               (32, True, True), (8, True, False)]
+#: (forced split count or None for the heuristic, slices by the tokens in the cache). Session 6
+#: swept split counts by capacity and by length (results/h100/session6/call1), then partials
+#: merged by the last split in the split kernel instead of a merge kernel (call3: 1.6-1.8x slower;
+#: the merge kernel stayed).
+ATTN_SPLITS = [(None, False), (None, True), (8, True), (16, True), (32, True)]
 
 
 def attention_splits(device: str, smoke: bool, deadline: float) -> None:
@@ -236,11 +236,11 @@ def attention_splits(device: str, smoke: bool, deadline: float) -> None:
         calls = [prepare_decode(q, k, v, lens, None) for k, v in caches]
         want = reference.decode_attention(q.double(), caches[0][0].double(), caches[0][1].double(), lens)
         row: dict[str, Any] = {"case": label, "us": {}, "rel_err": {}}
-        for splits, by_length, merge in ATTN_SPLITS:
+        for splits, by_length in ATTN_SPLITS:
             if time.time() > deadline:
                 break
-            name = f"splits={splits or 'default'}{' by length' if by_length else ''}{' merged' if merge else ''}"
-            kw = {"splits": splits, "by_length": by_length, "merge": merge}
+            name = f"splits={splits or 'default'}{' by length' if by_length else ''}"
+            kw = {"splits": splits, "by_length": by_length}
             check_then_time(row, f"attention {label}", name,
                             [lambda c=c, kw=kw: ak.launch_decode(c, **kw) for c in calls],
                             lambda kw=kw: ak.launch_decode(calls[0], **kw), want, device)
@@ -298,8 +298,7 @@ def step_breakdown(device: str, smoke: bool) -> None:
 def model_variants(device: str, smoke: bool) -> None:
     """The 1B model's decode step (graph replay, a 4096-token cache holding 512) at batch 1 and 8
     under each launch setting: the defaults, then session 6's changes off (decode attention's
-    in-kernel merge, and its slices by length; the swapped dot tiles and the int4 JOIN unpack,
-    batch 8 only)."""
+    slices by length; the swapped dot tiles and the int4 JOIN unpack, batch 8 only)."""
     from opforge.models import load
     from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
     from opforge.ops.attention import triton_kernels as ak
@@ -315,8 +314,7 @@ def model_variants(device: str, smoke: bool) -> None:
             model.prefill(ids, torch.tensor([512] * batch))
             tok, seqlens = ids[:, -1].clone(), model.cache_seqlens[:batch]
             ref = model.decode_step(tok, seqlens)
-            variants = [("default", ()), ("merge=0", ((ak, "DECODE_MERGE_IN_KERNEL", False),)),
-                        ("by_length=0 merge=0", ((ak, "DECODE_BY_LENGTH", False), (ak, "DECODE_MERGE_IN_KERNEL", False)))]
+            variants = [("default", ()), ("by_length=0", ((ak, "DECODE_BY_LENGTH", False),))]
             if quant is not None and batch > 1:
                 variants += [("swap=0", ((qk, "DOT_SWAP", False),))]
                 if quant == "int4":

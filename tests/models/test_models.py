@@ -189,6 +189,25 @@ def test_graph_replay_equals_eager_step(ctx):
     assert torch.equal(_GraphStep(m, 1)(token), eager)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generation_with_graphs_equals_eager():
+    """Greedy generation (argmax, the lengths' increment and the next tokens captured with the
+    step) and seeded sampling give the same tokens and cache lengths with CUDA graphs as
+    without, for one prompt and for two of different lengths, also when a captured step is
+    reused."""
+    m = tiny_decoder(device="cuda", dtype=torch.bfloat16, max_batch=2)
+    for prompts in ([[1, 2, 3, 4, 5]], [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]):
+        b = len(prompts)
+        eager = m.generate(prompts, 12, graphs=False)
+        eager_lens = m.cache_seqlens[:b].clone()
+        for _ in range(2):
+            assert m.generate(prompts, 12, graphs=True) == eager
+            assert torch.equal(m.cache_seqlens[:b], eager_lens)
+        sampled = [m.generate(prompts, 8, temperature=0.8, top_k=10, graphs=graphs,
+                              generator=torch.Generator("cuda").manual_seed(3)) for graphs in (False, True)]
+        assert sampled[0] == sampled[1]
+
+
 _NATIVE = ("attention", "decode_attention", "rotary_embedding", "kv_cache_append", "rotary_kv_cache_append")
 
 

@@ -58,7 +58,7 @@ class Decoder:
         self.v_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
         self.cache_seqlens = torch.zeros(max_batch, device=device, dtype=torch.int32)
         self.scale = config.head_dim ** -0.5
-        self._graphs: dict[int, Any] = {}
+        self._graphs: dict[tuple, Any] = {}   # (batch, greedy) -> captured decode step
         # CPU: the ops always check cache ranges. CUDA: never read seqlens on the host (graph capture,
         # no sync per step); prefill checks sizes itself and generate keeps seqlens in range.
         self._check = None if device.type != "cuda" else False

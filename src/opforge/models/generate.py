@@ -33,25 +33,38 @@ class GenerationStats:
 
 
 class _GraphStep:
-    """One captured decode step for batch size B: static token input, logits output."""
+    """One captured decode step for batch size B: static token input, logits output. ``greedy``
+    also captures what follows the step in greedy decoding (argmax, the lengths' increment, the
+    new tokens fed back as the next input), so a token costs one replay and no other launch."""
 
-    def __init__(self, model: Decoder, batch: int):
+    def __init__(self, model: Decoder, batch: int, greedy: bool = False):
         self.tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
         self.seqlens = model.cache_seqlens[:batch]
+        self.greedy = greedy
         stream = torch.cuda.Stream(model.device)
         stream.wait_stream(torch.cuda.current_stream(model.device))
         with torch.cuda.stream(stream):           # warm up (compiles kernels, sets up cuBLAS) off the capture
             for _ in range(2):
-                model.decode_step(self.tokens, self.seqlens)
+                model.decode_step(self.tokens, self.seqlens).argmax(-1)
         torch.cuda.current_stream(model.device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits = model.decode_step(self.tokens, self.seqlens)
+            if greedy:
+                self.next = self.logits.argmax(-1)
+                self.seqlens.add_(1)
+                self.tokens.copy_(self.next)
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         self.tokens.copy_(tokens)
         self.graph.replay()
         return self.logits
+
+    def advance(self) -> torch.Tensor:
+        """Greedy graphs: one step from the tokens already in place; returns the new tokens (a
+        static tensor the next replay overwrites) with the lengths advanced."""
+        self.graph.replay()
+        return self.next
 
 
 def _as_batch(input_ids: Any) -> list[list[int]]:
@@ -152,11 +165,16 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
         stats.prefill_s = time.perf_counter() - t0
         seqlens = model.cache_seqlens[:b]
         step: Callable[[torch.Tensor], torch.Tensor] = lambda t: model.decode_step(t, seqlens)   # noqa: E731
+        greedy_graph: Optional[_GraphStep] = None
         if use_graphs and not all(done):
             t1 = time.perf_counter()
-            if b not in model._graphs:
-                model._graphs[b] = _GraphStep(model, b)
-            step = model._graphs[b]
+            key = (b, temperature <= 0)
+            if key not in model._graphs:
+                model._graphs[key] = _GraphStep(model, b, greedy=temperature <= 0)
+            step = model._graphs[key]
+            if step.greedy:
+                greedy_graph = step
+                greedy_graph.tokens.copy_(tokens)
             sync()
             stats.capture_s = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -169,9 +187,12 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
             # on the host's stop/stream bookkeeping. A step launched after a sequence stopped is
             # ignored by emit; it stays inside the cache (prompt + max_new_tokens <= max_seq_len).
             if steps < max_new_tokens and not all(done):
-                logits = step(tokens)
-                seqlens.add_(1)
-                tokens = sample(logits, temperature, top_k, top_p, generator)
+                if greedy_graph is not None:
+                    tokens = greedy_graph.advance()
+                else:
+                    logits = step(tokens)
+                    seqlens.add_(1)
+                    tokens = sample(logits, temperature, top_k, top_p, generator)
                 buffer = buffers[steps % 2]
                 buffer.copy_(tokens, non_blocking=on_gpu)
                 copied = torch.cuda.Event() if on_gpu else None

@@ -165,30 +165,26 @@ def test_decode_zero_length_and_short_sequences_give_zeros(backend):
     assert max_rel_error(out, ref) <= TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("merge", [True, False], ids=["merged in kernel", "merge kernel"])
 @pytest.mark.parametrize("splits", [2, 3, 7])
-def test_decode_several_splits_and_splits_past_the_length(splits, merge):
-    """Split-KV with slices past a sequence's length (early exit) and merged partials, by the
-    split kernel's last split or by the merge kernel; the arrival counters are left at zero."""
+def test_decode_several_splits_and_splits_past_the_length(splits):
+    """Split-KV with slices past a sequence's length (early exit) and merged partials."""
     for dtype in (torch.float32, torch.bfloat16):
         case = cases.decode_case(3, 8, 2, 4, 96, 64, dtype, (96, 5, 40))
         (q, kc, vc, lens), _ = case.make(DEVICE)
         with opforge.runtime.alloc.poisoned_outputs():
-            out = tk.launch_decode(prepare_decode(q, kc, vc, lens, None), splits=splits, by_length=False, merge=merge)
+            out = tk.launch_decode(prepare_decode(q, kc, vc, lens, None), splits=splits)
         assert max_rel_error(out, case.oracle((q, kc, vc, lens), {})) <= TOLERANCE[dtype]
-        assert int(opforge.runtime.alloc.tile_counters(q.device, 1).abs().sum()) == 0
 
 
-@pytest.mark.parametrize("merge", [True, False], ids=["merged in kernel", "merge kernel"])
 @pytest.mark.parametrize("splits", [None, 2, 5])
-def test_decode_slices_by_length(splits, merge):
+def test_decode_slices_by_length(splits):
     """Slices that divide the tokens in the cache, not its capacity (``by_length``): short, long
     and empty sequences in one batch, and more slices than a short sequence has key tiles."""
     for dtype in (torch.float32, torch.bfloat16):
         case = cases.decode_case(4, 8, 2, 1, 96, 64, dtype, (96, 5, 40, 0))
         (q, kc, vc, lens), _ = case.make(DEVICE)
         with opforge.runtime.alloc.poisoned_outputs():
-            out = tk.launch_decode(prepare_decode(q, kc, vc, lens, None), splits=splits, by_length=True, merge=merge)
+            out = tk.launch_decode(prepare_decode(q, kc, vc, lens, None), splits=splits, by_length=True)
         assert max_rel_error(out, case.oracle((q, kc, vc, lens), {})) <= TOLERANCE[dtype]
 
 
@@ -256,10 +252,8 @@ def test_decode_cuda_graph_replays_with_new_lengths():
     lens = torch.tensor([10, 4096, 1, 2000], dtype=torch.int32, device="cuda")
     check_graph_replays(q, kc, vc, lens, lambda: opforge.decode_attention(q, kc, vc, lens))
     one = q[:1, :, :, :]
-    for merge in (True, False):
-        check_graph_replays(one, kc[:1], vc[:1], lens[:1],
-                            lambda m=merge: tk.launch_decode(prepare_decode(one, kc[:1], vc[:1], lens[:1], None),
-                                                             by_length=True, merge=m))
+    check_graph_replays(one, kc[:1], vc[:1], lens[:1],
+                        lambda: tk.launch_decode(prepare_decode(one, kc[:1], vc[:1], lens[:1], None), by_length=True))
 
 
 def check_graph_replays(q, kc, vc, lens, run):

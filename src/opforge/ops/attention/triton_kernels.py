@@ -53,9 +53,6 @@ MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
 # 12.4 (1B, 8B). ``OPFORGE_DECODE_BY_LENGTH=0`` restores the capacity's slices.
 DECODE_BY_LENGTH = os.environ.get("OPFORGE_DECODE_BY_LENGTH", "1") not in ("", "0")
 DECODE_BY_LENGTH_PROGRAMS_PER_SM = 1
-# decode: the last split of each (batch, key/value head, row block) merges the partials in the
-# split kernel (no merge kernel launch). ``OPFORGE_DECODE_MERGE=0`` runs the merge kernel.
-DECODE_MERGE_IN_KERNEL = os.environ.get("OPFORGE_DECODE_MERGE", "1") not in ("", "0")
 
 
 @triton.jit
@@ -157,16 +154,14 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
 
 
 @triton.jit
-def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, cnt_ptr, hkv, hq, sq, rows, s_max,
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, hkv, hq, sq, rows, s_max,
                          split_len, num_splits, qk_scale, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
                          DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, PAD_D: tl.constexpr,
-                         BY_LENGTH: tl.constexpr, MERGE: tl.constexpr):
+                         BY_LENGTH: tl.constexpr):
     # DIRECT (one split): write the final output, no partials and no merge kernel. The partials'
     # log-sum-exps follow their outputs in one float32 scratch: po_ptr + lse_off. BY_LENGTH: the
     # slices divide the tokens in the cache (read on the device), not its capacity (split_len).
-    # MERGE: the split of a (batch, head, row block) that finishes last (a counter per block, taken
-    # with an acq_rel atomic after a barrier) merges the block's partials; no merge kernel.
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // hkv
@@ -225,40 +220,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, 
         else:
             tl.store(po_ptr + lse_off + part, lse, mask=row_ok)
             tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
-    if MERGE:
-        tl.debug_barrier()                                         # every thread's partial is written
-        block = bk * tl.num_programs(2) + tl.program_id(2)
-        arrived = tl.atomic_add(cnt_ptr + block, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
-            _merge_partials(po_ptr, lse_off, o_ptr, out_row, row_ok, offs_d, d_ok, num_splits, D, BLOCK_R, BLOCK_D)
-            tl.atomic_xchg(cnt_ptr + block, 0)
-
-
-@triton.jit
-def _merge_partials(po_ptr, lse_off, o_ptr, out_row, row_ok, offs_d, d_ok, num_splits, D: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows ``out_row``: the splits' normalized partial outputs weighted by their sums
-    (2**lse), in split order, online (a running maximum of the log-sum-exps); rows no split saw
-    give zeros. Loads bypass L1 (.cg): other programs wrote the partials."""
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for s in range(0, num_splits):
-        part = out_row * num_splits + s
-        lse = tl.load(po_ptr + lse_off + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        used = lse > float("-inf")
-        o = tl.load(po_ptr + part[:, None] * D + offs_d[None, :], mask=(row_ok & used)[:, None] & d_ok[None, :],
-                    other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, lse)
-        base = tl.where(m_new == float("-inf"), 0.0, m_new)
-        scale = tl.exp2(m - base)
-        weight = tl.exp2(lse - base)
-        acc = acc * scale[:, None] + weight[:, None] * o
-        total = total * scale + weight
-        m = m_new
-    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    tl.store(o_ptr + out_row[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -404,10 +365,9 @@ def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: 
 
 def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optional[int] = None,
                   num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                  by_length: Optional[bool] = None, merge: Optional[bool] = None) -> torch.Tensor:
+                  by_length: Optional[bool] = None) -> torch.Tensor:
     """Run split-KV decoding (split kernel + combine kernel); keyword arguments override the
-    configuration (for tuning; ``by_length`` defaults to ``DECODE_BY_LENGTH``, ``merge`` (the
-    partials merged in the split kernel) to ``DECODE_MERGE_IN_KERNEL``). Never reads
+    configuration (for tuning; ``by_length`` defaults to ``DECODE_BY_LENGTH``). Never reads
     ``cache_seqlens`` on the host."""
     p = call.problem
     q, k, v = call.q, call.k_cache, call.v_cache
@@ -439,24 +399,21 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     else:        # one allocation: partial outputs, then their log-sum-exps
         lse_off = n_rows * splits * p.head_dim
         part = torch.empty((lse_off + n_rows * splits,), dtype=torch.float32, device=q.device)
-    merge = (DECODE_MERGE_IN_KERNEL if merge is None else merge) and not direct
-    counters = alloc.tile_counters(q.device, p.batch * p.kv_heads * row_blocks) if merge else part
     dot_f32, ieee = _dot_flags(q.dtype)
     block_d = head_block(p.head_dim)
     lens = call.cache_seqlens
-    tensors = (q, k, v, lens, part, out, counters)
+    tensors = (q, k, v, lens, part, out)
     ints = (lse_off, p.kv_heads, p.q_heads, p.q_len, rows, p.kv_len, split_len, splits, *q.stride()[:3],
             *k.stride()[:3], *v.stride()[:3])
-    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim, by_length and not direct,
-              merge)
+    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim, by_length and not direct)
     # what Triton specializes on (dtypes, 16-byte alignment, each int's class, constexprs): computing
     # the generic key over 30 arguments costs more host time than the kernel takes at short contexts
     key = (q.get_device(), q.dtype, lens.dtype, part.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
         tuple(map(int_spec, ints)) + consts + (nw, ns)
     _decode_split((p.batch * p.kv_heads, splits, row_blocks),
-                  (q, k, v, lens, part, ints[0], out, counters, *ints[1:8], call.scale * LOG2E, *ints[8:], *consts),
+                  (q, k, v, lens, part, ints[0], out, *ints[1:8], call.scale * LOG2E, *ints[8:], *consts),
                   num_warps=nw, num_stages=ns, key=key)
-    if not direct and not merge:
+    if not direct:
         block_s = 16 if splits <= 16 else MAX_SPLITS    # two compiled variants, whatever the split count
         warps = 1 if block_d <= 64 else 2 if block_d <= 128 else 4
         consts = (p.head_dim, block_d, block_s, 16)
