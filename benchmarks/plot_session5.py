@@ -123,11 +123,16 @@ def suite_rows(folder: Path) -> list[dict]:
 
 
 def suite_md(folder: Path) -> list[str]:
-    d = load(folder, "model_suite.json")
-    lines = [f"## `opforge bench --suite model` (1B shape, at {COMMITS['run4']}; its first GPU run)", "",
+    return suite_table(load(folder, "model_suite.json"),
+                       f"## `opforge bench --suite model` (1B shape, at {COMMITS['run4']}; its first GPU run)")
+
+
+def suite_table(d: dict, title: str) -> list[str]:
+    """A model suite's JSON as a Markdown section: every measured row, decode as % of the limit."""
+    lines = [title, "",
              f"Copy bandwidth {d['copy_bandwidth_gbs']:.0f} GB/s. Peers: "
-             + ", ".join(f"{k.split(' ', 1)[1]}: {v}" for k, v in d["peers"].items()) + ". Tokens/s; decode "
-             "points also as % of the weight-bandwidth limit of that precision.", "",
+             + (", ".join(f"{k.split(' ', 1)[1]}: {v}" for k, v in d["peers"].items()) or "none") + ". Tokens/s; "
+             "decode points also as % of the weight-bandwidth limit of that precision.", "",
              "| impl | precision | what | tokens/s | % of limit |", "|---|---|---|---|---|"]
     for r in d["rows"]:
         if r.get("tokens_per_s") is None:
@@ -189,23 +194,31 @@ def plot_gemv(folder: Path) -> None:
 
 
 def plot_suite(folder: Path) -> None:
+    plot_suite_rows(suite_rows(folder), "opforge bench --suite model, 1B shape, H100 (session 5)",
+                    folder / "model_suite.png")
+
+
+def plot_suite_rows(all_rows: list[dict], title: str, path: Path) -> None:
+    """Decode tokens/s of a model suite's rows, grouped by batch and context, log scale."""
     import matplotlib.pyplot as plt
-    rows = [r for r in suite_rows(folder) if r["what"].startswith("decode") and r.get("tokens_per_s")]
-    impls = sorted({(r["impl"], r["precision"]) for r in rows}, key=lambda k: (not k[0].startswith("opforge"), k))
+    rows = [r for r in all_rows if r["what"].startswith("decode") and r.get("tokens_per_s")]
+    shapes = {r.get("shape") for r in rows}
+    impls = sorted({(r.get("shape"), r["impl"], r["precision"]) for r in rows},
+                   key=lambda k: (not k[1].startswith("opforge"), str(k[0]), k[1:]))
     points = sorted({r["what"] for r in rows}, key=lambda w: (int(w.split()[1][1:]), w))
     fig, ax = plt.subplots(figsize=(14, 5))
     width = 0.85 / len(impls)
-    for i, (impl, prec) in enumerate(impls):
-        vals = {r["what"]: r["tokens_per_s"] for r in rows if (r["impl"], r["precision"]) == (impl, prec)}
+    for i, (shape, impl, prec) in enumerate(impls):
+        vals = {r["what"]: r["tokens_per_s"] for r in rows if (r.get("shape"), r["impl"], r["precision"]) == (shape, impl, prec)}
         ax.bar([j + i * width for j in range(len(points))], [vals.get(p, 0) for p in points], width,
-               label=f"{impl} {prec}")
+               label=f"{shape + ' ' if len(shapes) > 1 else ''}{impl} {prec}")
     ax.set_xticks([j + 0.42 for j in range(len(points))], [p.replace("decode ", "") for p in points])
     ax.set_yscale("log")
     ax.set_ylabel("decode tokens/s (log)")
     ax.legend(fontsize=7, ncol=3)
-    ax.set_title("opforge bench --suite model, 1B shape, H100 (session 5)")
+    ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(folder / "model_suite.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

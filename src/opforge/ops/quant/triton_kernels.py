@@ -89,9 +89,10 @@ WIDE_K_WIDE_N = 16384
 WIDE_K_PROGRAMS_PER_SM = 4
 #: The dot kernel with the weight as the MMA's first operand (SWAP) for M up to ``SWAP_MAX_M``,
 #: on tiles of 64 features x 128 codes (int4 and int8). H100 sweep (session 6, CUDA graphs over
-#: L2-cold weights, 1B/8B projection shapes): int4 M=16 0.88-1.09x -> 1.18-1.84x bf16 cuBLAS,
-#: int8 M=16 0.72-1.31x -> 0.88-1.87x; at M=32 the old tiles ran int4 at 0.26-0.35x bf16, swapped
-#: 0.62-1.15x. Part of the tuned choices; ``OPFORGE_QUANT_SWAP=0`` turns it off alone.
+#: L2-cold weights, the nine 1B/8B projection shapes, speed as a multiple of bf16 cuBLAS): int4
+#: M=16 0.44-0.77x -> 0.74-1.38x, int8 M=16 0.73-1.31x -> 0.88-1.87x; int4 M=32 0.23-0.38x ->
+#: 0.54-1.15x (results/h100/session6/results.md). Part of the tuned choices;
+#: ``OPFORGE_QUANT_SWAP=0`` turns it off alone.
 DOT_SWAP = os.environ.get("OPFORGE_QUANT_SWAP", "1") not in ("", "0")
 SWAP_MAX_M = 64
 #: int4 codes unpacked through ``tl.join`` in the swapped dot kernel (``_load_codes``). H100 sweep
