@@ -65,20 +65,23 @@ def batched_md(folder: Path) -> list[str]:
              f"Round 1 (at {COMMITS['call1']}):", "",
              "| shape | M | cuBLAS bf16 | int4 before | int4 swap | tinygemm int4 | int8 before | int8 swap |",
              "|---|---|---|---|---|---|---|---|"]
-    for r in load(folder / "call1" / "rows" / "decode_breakdown.json")["sweep"]:
-        us, base, b = r["us"], r["us"]["cublas bf16"], block(r["m"])
-        lines.append(f"| {r['shape']} | {r['m']} | {base:.1f} | {cell(us, BEFORE[4], base)} | "
-                     f"{cell(us, SWAP[4].format(b=b), base)} | {cell(us, 'tinygemm int4', base)} | "
-                     f"{cell(us, BEFORE[8], base)} | {cell(us, SWAP[8].format(b=b), base)} |")
+    lines += sweep_rows(folder / "call1", [BEFORE[4], SWAP[4], "tinygemm int4", BEFORE[8], SWAP[8]])
     lines += ["", f"Round 2 (at {COMMITS['call2']}, where swap was already the default):", "",
               "| shape | M | cuBLAS bf16 | int4 swap | int4 now (swap + join) | tinygemm int4 | int8 now (swap) |",
               "|---|---|---|---|---|---|---|"]
-    for r in load(folder / "call2" / "rows" / "decode_breakdown.json")["sweep"]:
-        us, base, b = r["us"], r["us"]["cublas bf16"], block(r["m"])
-        lines.append(f"| {r['shape']} | {r['m']} | {base:.1f} | {cell(us, SWAP[4].format(b=b), base)} | "
-                     f"{cell(us, NOW_INT4.format(b=b), base)} | {cell(us, 'tinygemm int4', base)} | "
-                     f"{cell(us, SWAP[8].format(b=b), base)} |")
+    lines += sweep_rows(folder / "call2", [SWAP[4], NOW_INT4, "tinygemm int4", SWAP[8]])
     return lines + [""]
+
+
+def sweep_rows(call: Path, names: list[str]) -> list[str]:
+    """One Markdown row per (shape, M) of a call's sweep: cuBLAS bf16, then each named variant
+    (``{b}`` in a name stands for that M's dot tile rows)."""
+    out = []
+    for r in load(call / "rows" / "decode_breakdown.json")["sweep"]:
+        us, base, b = r["us"], r["us"]["cublas bf16"], block(r["m"])
+        cells = " | ".join(cell(us, name.format(b=b), base) for name in names)
+        out.append(f"| {r['shape']} | {r['m']} | {base:.1f} | {cells} |")
+    return out
 
 
 def attention_md(folder: Path) -> list[str]:
