@@ -59,16 +59,21 @@ def launch_settings_line() -> str:
     from .ops.quant import problem as quant_problem
     from .runtime import plans
     try:
+        from .ops.attention import triton_kernels as attention_kernels
         from .ops.quant import dense_gemv, triton_kernels as quant_kernels
         wide, dense = quant_kernels.WIDE_K, dense_gemv.DENSE_GEMV
-    except ImportError:       # no triton here: neither kernel exists
-        wide = dense = None
+        swap, join = quant_kernels.DOT_SWAP, quant_kernels.DOT_JOIN
+        by_length = attention_kernels.DECODE_BY_LENGTH
+    except ImportError:       # no triton here: none of these kernels exists
+        wide = dense = swap = join = by_length = None
 
     def state(flag: Optional[bool]) -> str:
         return "n/a" if flag is None else ("on" if flag else "off")
     return (f"plans {state(plans.enabled())} (OPFORGE_PLANS), quant tuned {state(quant_problem.TUNED)} "
             f"(OPFORGE_QUANT_TUNED), wide-K GEMV {state(wide)} (OPFORGE_QUANT_WIDE_K), dense GEMV "
-            f"{state(dense)} (OPFORGE_DENSE_GEMV)")
+            f"{state(dense)} (OPFORGE_DENSE_GEMV), swapped dot tiles {state(swap)} (OPFORGE_QUANT_SWAP), "
+            f"int4 join unpack {state(join)} (OPFORGE_QUANT_JOIN), decode attention slices by length "
+            f"{state(by_length)} (OPFORGE_DECODE_BY_LENGTH)")
 
 
 def device_config_line() -> str:

@@ -9,13 +9,20 @@ def test_info(capsys):
 
 
 def test_info_names_the_launch_settings(capsys, monkeypatch):
+    from opforge.ops.attention import triton_kernels as attention_kernels
     from opforge.ops.quant import dense_gemv, triton_kernels
     monkeypatch.setattr(triton_kernels, "WIDE_K", False)
     monkeypatch.setattr(dense_gemv, "DENSE_GEMV", True)
+    monkeypatch.setattr(triton_kernels, "DOT_SWAP", True)
+    monkeypatch.setattr(triton_kernels, "DOT_JOIN", False)
+    monkeypatch.setattr(attention_kernels, "DECODE_BY_LENGTH", False)
     assert main(["info"]) == 0
     launch = [line for line in capsys.readouterr().out.splitlines() if line.startswith("launch:")]
     assert len(launch) == 1
     assert "wide-K GEMV off (OPFORGE_QUANT_WIDE_K)" in launch[0] and "dense GEMV on (OPFORGE_DENSE_GEMV)" in launch[0]
+    assert "swapped dot tiles on (OPFORGE_QUANT_SWAP)" in launch[0]
+    assert "int4 join unpack off (OPFORGE_QUANT_JOIN)" in launch[0]
+    assert "decode attention slices by length off (OPFORGE_DECODE_BY_LENGTH)" in launch[0]
 
 
 def test_verify_quick_passes_and_prints_table(capsys):
