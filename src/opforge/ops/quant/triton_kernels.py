@@ -10,7 +10,9 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   one ``lop3``, which makes it that power plus the code; one FADD removes the power. It meets
   x[PACK*j + i] (a strided read of x, from L1) by FMAs into per-word sums; scale and zero are
   applied per word column; the only cross-thread reduction is the one at the end. More rows:
-  ``_qmm_kernel`` with 16 padded rows: every row shares each weight load.
+  ``_qmm_kernel`` with 16 padded rows: every row shares each weight load. Up to 64 rows (under
+  the tuned choices) its SWAP form puts the weight on the MMA's wide side (out^T = W x^T, 64
+  features x 128 codes) and int4 codes leave their words through ``tl.join`` (JOIN).
 * ``prefill`` (M > 16): ``_qmm_kernel`` on (BLOCK_M, BLOCK_N) tiles; per K tile (inside one
   group) the codes, as 16-bit floats, go to ``tl.dot`` (tensor cores) against x. Tiles by M, N,
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
