@@ -69,11 +69,15 @@ INT8_CONFIGS = [((1, 16, 1024, False, 4, 1), 4, False), ((1, 16, 1024, False, 4,
 #: per benchmarks/quant_ptx.py), then tl.dot tiles, plain and in the JOIN (int4: codes unpacked
 #: through tl.join) and SWAP (weight as the MMA's first operand) forms. Session 6's first sweep
 #: (results/h100/session6/call1) had GEMV tiles for M 8/16 (3-5x slower) and a per-code-position
-#: dot form (slower than SWAP); this list is its second round.
+#: dot form (slower than SWAP); this list is its second round, plus the non-swapped JOIN tiles
+#: that led at M = 64 on the largest shapes (to run next).
 ROWS_CONFIGS = [((16, 64, 128, True, 4, 3), 4, False, False, True), ((16, 64, 128, True, 4, 3), 4, False, True, True),
                 ((16, 128, 128, True, 4, 3), 4, False, True, True), ((16, 32, 128, True, 4, 3), 4, False, True, True),
                 ((16, 64, 128, True, 8, 3), 4, False, True, True), ((16, 64, 128, True, 4, 4), 4, False, True, True),
-                ((16, 128, 128, True, 4, 3), 4, False, True, False), ((16, 64, 128, True, 4, 3), 2, False, True, True)]
+                ((16, 128, 128, True, 4, 3), 4, False, True, False), ((16, 64, 128, True, 4, 3), 2, False, True, True),
+                # for M 33..64 (session 6's lead): non-swapped JOIN tiles, wider and with 8 warps
+                ((16, 128, 128, True, 8, 3), 4, False, True, False), ((16, 256, 128, True, 8, 3), 4, False, True, False),
+                ((16, 128, 128, True, 4, 4), 4, False, True, False)]
 DENSE_ROWS_CONFIGS = [(2, 1024, 4, 4), (4, 512, 4, 4), (4, 256, 4, 4)]
 
 
@@ -182,6 +186,9 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
         if m == 1:
             flagged(qk, "WIDE_K", True, lambda: timed(f"int{bits} linear wide", fns,
                                                        lambda: opforge.linear(x, qs[0]), want))
+        if m > 16:   # the prefill variant's other path: dequantize once, then cuBLAS
+            timed(f"int{bits} dequant+cublas", [lambda c=c: qk.launch_dequant_gemm(c) for c in calls],
+                  lambda: qk.launch_dequant_gemm(calls[0]), want)
         for cfg, pps, fix, *form in configs:
             join, swap = form or (False, False)
             kind = "" if m == 1 else (f" dot{cfg[0]}" if cfg[3] else f" gemv{cfg[0]}")
