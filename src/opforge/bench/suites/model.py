@@ -20,10 +20,9 @@ precision (the KV cache sized for the largest point). Measured:
 
 A time budget (``--budget SECONDS``, alias of ``--max-seconds``) skips the points that would start
 after it; they are listed under ``skipped`` in the JSON and at the end of the printed table. The
-1b grid is meant to take about 3 minutes on an H100 (an estimate, not yet measured: most of it the
-compile peer's two compilations, which run last, and the 32x4096 prefills). Our KV cache holds
-32 x 4136 tokens in every point (the split-KV decode sizes its splits by that capacity, not by
-the context), where the previous grid's held 8 x 2056.
+1b grid took 151 s on an H100 with every peer, the 8b grid 133 s for opforge alone (session 6,
+``benchmarks/results/h100/session6``). Our KV cache holds 32 x 4136 tokens in every point; the
+split-KV decode sizes its slices by the tokens in the cache, not by that capacity.
 
 Run: ``opforge bench --suite model [--shapes 1b,8b] [--device cuda] [--budget 240] [--json model.json]``.
 """

@@ -26,7 +26,8 @@ from ...runtime.launch import TritonLauncher, cdiv
 from .triton_kernels import _counters, _split, _store
 
 #: Whether ``linear`` runs this kernel for a dense fp16/bf16 weight and one row of x on CUDA
-#: (``OPFORGE_DENSE_GEMV=1``, read at import; off by default until measured end to end).
+#: (read at import; on by default since session 5's end-to-end measurement, ``OPFORGE_DENSE_GEMV=0``
+#: turns it off).
 DENSE_GEMV = os.environ.get("OPFORGE_DENSE_GEMV", "1") not in ("", "0")
 #: (BLOCK_N, BLOCK_K, num_warps, programs per SM) when no config is given.
 DEFAULT_CONFIG = (32, 256, 4, 4)
