@@ -226,3 +226,22 @@ def test_triton_kernels_compose_with_the_decoder_layouts():
     assert tokens == ref_tokens
     ran = {e.op for e in t if e.backend == "triton"}
     assert set(_NATIVE) | {"rms_norm", "add_rms_norm", "swiglu"} <= ran, ran
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [64, 5000, 32000, 128256])
+def test_argmax_rows_equals_argmax_ties_included(device, dtype, vocab):
+    """The two-stage greedy argmax gives torch's index (the first maximum) on fresh random rows,
+    on rows whose maximum repeats inside a chunk and across chunks, and on constant rows."""
+    from opforge.models.generate import _argmax_chunk, argmax_rows
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=gen).to(device, dtype)
+    x[1, vocab // 3] = x[1, vocab - 1] = 50.0            # the same maximum in two chunks
+    x[2, 7] = x[2, 8] = 50.0                             # ... twice in the first chunk
+    x[3] = 1.0                                           # everything ties: index 0
+    x[4, vocab - 1] = 50.0                               # the last position
+    got = argmax_rows(x)
+    assert torch.equal(got, x.argmax(-1))
+    assert got[1].item() == vocab // 3 and got[2].item() == 7 and got[3].item() == 0 and got[4].item() == vocab - 1
+    assert (_argmax_chunk(vocab) is None) == (vocab == 64)

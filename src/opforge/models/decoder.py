@@ -148,8 +148,9 @@ class Decoder:
         return self.logits(last).float()
 
     # ---- one decode step (what the CUDA graph captures) ---------------------------------------------
-    def decode_step(self, tokens: torch.Tensor, seqlens: torch.Tensor) -> torch.Tensor:
-        """Append one token per sequence at ``seqlens[b]`` and return logits (B, V) float32.
+    def decode_step(self, tokens: torch.Tensor, seqlens: torch.Tensor, float_logits: bool = True) -> torch.Tensor:
+        """Append one token per sequence at ``seqlens[b]`` and return logits (B, V), float32 (or in
+        the model's dtype with ``float_logits=False``: greedy decoding needs no float copy).
 
         ``seqlens`` is ``cache_seqlens[:B]``; it is NOT advanced here (the caller does it), so the
         step is a pure function of its static inputs and can be captured and replayed.
@@ -164,7 +165,8 @@ class Decoder:
                                                self.cos, self.sin, check=self._check)
             return self._out(layer, opforge.decode_attention(q, self.k_cache[i][:b], self.v_cache[i][:b], total,
                                                          scale=self.scale))
-        return self.logits(self._run(tokens[:, None], attend)[:, 0]).float()
+        logits = self.logits(self._run(tokens[:, None], attend)[:, 0])
+        return logits.float() if float_logits else logits
 
     def weight_bytes(self) -> int:
         """Bytes of every weight a decode step reads (for the bandwidth limit).
