@@ -64,8 +64,10 @@ def launch_settings_line() -> str:
         wide, dense = quant_kernels.WIDE_K, dense_gemv.DENSE_GEMV
         swap, join = quant_kernels.DOT_SWAP, quant_kernels.DOT_JOIN
         by_length = attention_kernels.DECODE_BY_LENGTH
+        from .runtime import pdl
+        dependent = pdl.ENABLED and pdl.HAVE_GDC
     except ImportError:       # no triton here: none of these kernels exists
-        wide = dense = swap = join = by_length = None
+        wide = dense = swap = join = by_length = dependent = None
 
     def state(flag: Optional[bool]) -> str:
         return "n/a" if flag is None else ("on" if flag else "off")
@@ -73,7 +75,8 @@ def launch_settings_line() -> str:
             f"(OPFORGE_QUANT_TUNED), wide-K GEMV {state(wide)} (OPFORGE_QUANT_WIDE_K), dense GEMV "
             f"{state(dense)} (OPFORGE_DENSE_GEMV), swapped dot tiles {state(swap)} (OPFORGE_QUANT_SWAP), "
             f"int4 join unpack {state(join)} (OPFORGE_QUANT_JOIN), decode attention slices by length "
-            f"{state(by_length)} (OPFORGE_DECODE_BY_LENGTH)")
+            f"{state(by_length)} (OPFORGE_DECODE_BY_LENGTH), programmatic dependent launch {state(dependent)} "
+            f"on sm_90+ (OPFORGE_PDL)")
 
 
 def device_config_line() -> str:

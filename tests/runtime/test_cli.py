@@ -16,6 +16,8 @@ def test_info_names_the_launch_settings(capsys, monkeypatch):
     monkeypatch.setattr(triton_kernels, "DOT_SWAP", True)
     monkeypatch.setattr(triton_kernels, "DOT_JOIN", False)
     monkeypatch.setattr(attention_kernels, "DECODE_BY_LENGTH", False)
+    from opforge.runtime import pdl
+    monkeypatch.setattr(pdl, "ENABLED", False)
     assert main(["info"]) == 0
     launch = [line for line in capsys.readouterr().out.splitlines() if line.startswith("launch:")]
     assert len(launch) == 1
@@ -23,6 +25,7 @@ def test_info_names_the_launch_settings(capsys, monkeypatch):
     assert "swapped dot tiles on (OPFORGE_QUANT_SWAP)" in launch[0]
     assert "int4 join unpack off (OPFORGE_QUANT_JOIN)" in launch[0]
     assert "decode attention slices by length off (OPFORGE_DECODE_BY_LENGTH)" in launch[0]
+    assert "programmatic dependent launch off on sm_90+ (OPFORGE_PDL)" in launch[0]
 
 
 def test_verify_quick_passes_and_prints_table(capsys):

@@ -106,6 +106,10 @@ class TritonLauncher:
         # Under TRITON_INTERPRET=1 the decorator returns an interpreted function: no params, no binary.
         self.interpreted = params is None or triton_interpreting()
         self._constexpr = tuple(bool(p.is_constexpr) for p in params) if params is not None else ()
+        # a constexpr named PDL that is True: compile and launch with programmatic dependent launch
+        # (runtime/pdl.py); the compiled binary then carries the launch attribute itself
+        names = [getattr(p, "name", None) for p in params] if params is not None else []
+        self._pdl_at = names.index("PDL") if "PDL" in names else None
         # do_not_specialize integers: Triton keeps only their type (int32 or int64), not ==1 or %16
         self._unspecialized = tuple(bool(getattr(p, "do_not_specialize", False)) and not p.is_constexpr
                                     for p in params) if params is not None else ()
@@ -145,14 +149,16 @@ class TritonLauncher:
                 raise AssertionError(f"launch key {key} stands for two specializations: "
                                      f"{self._generic_of.get(key)} and {generic}")
         compiled = self._compiled.get(key)
+        pdl = self._pdl_at is not None and args[self._pdl_at] is True
+        options = {"launch_pdl": True} if pdl else {}
         if compiled is None:
-            compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
             self._compiled[key] = self._prepare(compiled, args)
             return
         if compiled is False or _hook_active(self._hooks.launch_enter_hook) \
                 or _hook_active(self._hooks.launch_exit_hook):
             # this Triton's binaries cannot be launched directly, or a profiler wants launch metadata
-            self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
             return
         function, packed, run, tensor_positions, _ = compiled
         # Raw addresses: Triton's launcher would otherwise call data_ptr() and query the driver

@@ -20,7 +20,7 @@ from typing import Optional
 import triton
 import triton.language as tl
 
-from ...runtime import alloc
+from ...runtime import alloc, pdl
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import GATED, PLANS, ActivationCall, ActivationProblem
@@ -70,7 +70,9 @@ def _activate(v, ACT: tl.constexpr):
 
 @triton.jit
 def _pointwise_kernel(x_ptr, u_ptr, y_ptr, n, blocks, x_inner, x_so, x_si, u_inner, u_so, u_si,
-                      ACT: tl.constexpr, GATED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+                      ACT: tl.constexpr, GATED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     pid = tl.program_id(0)
     row = pid // blocks
     if WIDE:
@@ -134,10 +136,11 @@ def launch_pointwise(call: ActivationCall, block: Optional[int] = None, num_warp
     ua = (1, 0, 0) if rows == 1 else _addressing(u_rows)
     act = _act_code(p.op, p.approximate)
     wide = n + block >= 2**31
+    dependent = pdl.on(x.device)
     # The output is fresh (16-byte aligned); every other argument's specialization is keyed.
     key = (x.dtype, x.get_device(), x.data_ptr() & 15, u.data_ptr() & 15, int_spec(n), int_spec(blocks),
-           xa if rows == 1 else tuple(map(int_spec, xa + ua)), act, p.gated, block, wide, num_warps)
-    tail = (n, blocks, *xa, *ua, act, p.gated, block, wide)
+           xa if rows == 1 else tuple(map(int_spec, xa + ua)), act, p.gated, block, wide, num_warps, dependent)
+    tail = (n, blocks, *xa, *ua, act, p.gated, block, wide, dependent)
     _pointwise((rows * blocks,), (x, u, y) + tail, num_warps=num_warps, key=key)
     if call.signature is not None and layout == "flat":
         _offer_plan(key, call, rows * blocks, tail)

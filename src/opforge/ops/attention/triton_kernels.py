@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...runtime import alloc
+from ...runtime import alloc, pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
@@ -158,7 +158,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, 
                          split_len, num_splits, qk_scale, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
                          DOT_F32: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, PAD_D: tl.constexpr,
-                         BY_LENGTH: tl.constexpr):
+                         BY_LENGTH: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     # DIRECT (one split): write the final output, no partials and no merge kernel. The partials'
     # log-sum-exps follow their outputs in one float32 scratch: po_ptr + lse_off. BY_LENGTH: the
     # slices divide the tokens in the cache (read on the device), not its capacity (split_len).
@@ -224,7 +225,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, lse_off, o_ptr, 
 
 @triton.jit
 def _decode_combine_kernel(po_ptr, lse_off, o_ptr, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
+                           BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     plse_ptr = po_ptr + lse_off
     s_all = tl.arange(0, BLOCK_S)
@@ -405,7 +407,9 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     tensors = (q, k, v, lens, part, out)
     ints = (lse_off, p.kv_heads, p.q_heads, p.q_len, rows, p.kv_len, split_len, splits, *q.stride()[:3],
             *k.stride()[:3], *v.stride()[:3])
-    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim, by_length and not direct)
+    dependent = pdl.on(q.device)
+    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim, by_length and not direct,
+              dependent)
     # what Triton specializes on (dtypes, 16-byte alignment, each int's class, constexprs): computing
     # the generic key over 30 arguments costs more host time than the kernel takes at short contexts
     key = (q.get_device(), q.dtype, lens.dtype, part.dtype) + tuple(t.data_ptr() & 15 for t in tensors) + \
@@ -416,7 +420,7 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     if not direct:
         block_s = 16 if splits <= 16 else MAX_SPLITS    # two compiled variants, whatever the split count
         warps = 1 if block_d <= 64 else 2 if block_d <= 128 else 4
-        consts = (p.head_dim, block_d, block_s, 16)
+        consts = (p.head_dim, block_d, block_s, 16, dependent)
         key = (q.get_device(), q.dtype, part.data_ptr() & 15, out.data_ptr() & 15, int_spec(lse_off),
                int_spec(splits)) + consts + (warps,)
         _decode_combine((n_rows,), (part, lse_off, out, splits, *consts), num_warps=warps, num_stages=2, key=key)

@@ -22,7 +22,7 @@ from typing import Optional
 import triton
 import triton.language as tl
 
-from ...runtime import alloc
+from ...runtime import alloc, pdl
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, next_power_of_2
 from .problem import PLANS, NormCall, NormProblem
@@ -63,7 +63,8 @@ def _sample_mean(x_ptr, r_ptr, s_ptr, x_off, r_off, row_ok, n, HAS_RES: tl.const
 def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                  x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
                  IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SAMPLE: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     row = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n
@@ -118,7 +119,8 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
 def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                    x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
                    IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                   CHUNK: tl.constexpr, SAMPLE: tl.constexpr):
+                   CHUNK: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_start = _row_offsets(row, x_inner, x_so, x_si)
     x_row = x_ptr + x_start
@@ -316,19 +318,22 @@ def _offer_plan(launcher: TritonLauncher, key: tuple, call: NormCall, grid_x: in
 def launch_multirow(call: NormCall):
     config = multirow_config(call.problem.n, call.problem.dtype.itemsize)
     block_m, block_n, warps = config
-    return _launch(_tile, call, config, (cdiv(call.problem.rows, block_m),), (block_m, block_n, SHIFT_SAMPLE), warps)
+    return _launch(_tile, call, config, (cdiv(call.problem.rows, block_m),),
+                   (block_m, block_n, SHIFT_SAMPLE, pdl.on(call.x.tensor.device)), warps)
 
 
 def launch_row(call: NormCall):
     config = row_config(call.problem.n, call.problem.dtype.itemsize, call.problem.is_rms)
     block_m, block_n, warps = config
-    return _launch(_tile, call, config, (call.problem.rows,), (block_m, block_n, SHIFT_SAMPLE), warps)
+    return _launch(_tile, call, config, (call.problem.rows,), (block_m, block_n, SHIFT_SAMPLE,
+                                                               pdl.on(call.x.tensor.device)), warps)
 
 
 def launch_looped(call: NormCall):
     config = looped_config(call.problem.n)
     chunk, warps = config
-    return _launch(_looped, call, config, (call.problem.rows,), (chunk, SHIFT_SAMPLE), warps)
+    return _launch(_looped, call, config, (call.problem.rows,), (chunk, SHIFT_SAMPLE, pdl.on(call.x.tensor.device)),
+                   warps)
 
 
 def _dtype_reason(p: NormProblem) -> Optional[str]:

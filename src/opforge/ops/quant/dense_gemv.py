@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...runtime import alloc
+from ...runtime import alloc, pdl
 from ...runtime.launch import TritonLauncher, cdiv
 from .triton_kernels import _counters, _split, _store
 
@@ -38,9 +38,11 @@ STEP_BYTES = 16384
 @triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_w, k_per_split,
                        n_splits, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """(BLOCK_M, BLOCK_N) outputs over K range ``pid_k * k_per_split ..``; float32 products kept
     per (row, k) lane and reduced once at the end."""
+    pdl.wait_for_previous(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,6 +129,7 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = 
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     counters = _counters(x.device, tiles) if split > 1 else ws
     _dense_gemv((tiles, split), (x, w, bias if has_bias else w, out, ws, counters, m, n, k, x.stride(0), w.stride(0),
-                                 k_per_split, split, has_bias, split > 1, True, block_m, block_n, block_k),
+                                 k_per_split, split, has_bias, split > 1, True, block_m, block_n, block_k,
+                                 pdl.on(x.device)),
                 num_warps=warps, num_stages=1)
     return out

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ...runtime import alloc
+from ...runtime import alloc, pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.launch import TritonLauncher, cdiv
 from . import problem as qproblem
@@ -162,12 +162,13 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr,
                 CODE_MODE: tl.constexpr,
                 CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                JOIN: tl.constexpr = False, SWAP: tl.constexpr = False):
+                JOIN: tl.constexpr = False, SWAP: tl.constexpr = False, PDL: tl.constexpr = False):
     """(BLOCK_M, BLOCK_N) output tiles; per K tile (inside one group) the codes go to tl.dot.
 
     JOIN (int4): the codes leave their words through ``tl.join`` (see ``_load_codes``).
     SWAP: the weight is the dot's first operand (out^T = W x^T; the accumulator is (BLOCK_N,
     BLOCK_M), transposed once at the end): the wide side of the MMA is N, not the few rows of x."""
+    pdl.wait_for_previous(PDL)
     pid = tl.program_id(0)
     pid_m = pid % m_tiles
     pid_n = pid // m_tiles
@@ -373,7 +374,8 @@ def _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_words, stride_xm, stride_w,
                  words_per_split, n_splits, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
-                 LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr = False):
     """BLOCK_M (1..16) rows of x by FMAs, no tensor cores. The weight is read as int32 words
     (int4: 8 codes, int8: 4) in a (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was
     loaded in (16-byte loads: the loop runs over word indices, so their alignment is known).
@@ -382,6 +384,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     the exponent of 2**(23 - BITS*p), it is the float 2**(23 - BITS*p) + code exactly, so one
     LOP3 and one FADD per code. Products meet per-word float32 sums; scale and zero apply per word
     column once per step; one reduction at the end."""
+    pdl.wait_for_previous(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -404,8 +407,9 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
 
 @triton.jit
 def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out = sum over splits of the float32 partials (in split order), + bias, cast."""
+    pdl.wait_for_previous(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -619,24 +623,25 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
     fixup = split_fixup(config, p.bits) if fixup is None else fixup
     ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
     counters = _counters(x.device, tiles) if split > 1 and fixup else ws
+    dependent = pdl.on(x.device)
     if use_dot:
         mode, offset = code_mode(w.bits, x.dtype)
         _qmm((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // 8,
                               x.stride(0), w.packed.stride(0), k_per_split, m_tiles, split, w.bits, w.group, per_row,
                               w.symmetric, has_bias, split > 1, fixup, triton_interpreting(), mode, offset,
-                              block_m, block_n, block_k, join and w.bits == 4, swap),
+                              block_m, block_n, block_k, join and w.bits == 4, swap, dependent),
              num_warps=warps, num_stages=stages)
     else:
         pack = 32 // w.bits
         _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // pack,
                                  x.stride(0), p.k // pack, k_per_split // pack, split, w.bits, w.group, per_row,
                                  w.symmetric, has_bias, split > 1, fixup, not triton_interpreting(), block_m, block_n,
-                                 block_k),
+                                 block_k, dependent),
               num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         target = ws
         mn = p.m * p.n
-        _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, has_bias, 1024), num_warps=4)
+        _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
     return out.view(call.out_shape)
 
 

@@ -26,7 +26,7 @@ import triton.language as tl
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import AppendCall, FusedCall, RotaryCall, RotaryProblem
-from ...runtime import alloc, plans
+from ...runtime import alloc, pdl, plans
 from ...runtime.lru import LRU
 
 TILE = 4096          # elements per (heads x features) tile of one program
@@ -87,7 +87,8 @@ def _rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    S, Hq, Hkv, HALF, D, P, spb, sps, scos, ssin,
                    sqb, sqh, sqs, sqob, sqoh, sqos, skb, skh, sks, skob, skoh, skos, q_groups,
                    HBQ: tl.constexpr, HBK: tl.constexpr, HALF_P: tl.constexpr, TAIL_P: tl.constexpr,
-                   INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr):
+                   INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     tok = tl.program_id(0)
     g = tl.program_id(1)
     b = (tok // S).to(tl.int64)
@@ -109,7 +110,8 @@ def _rotary_append_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr, 
                           skcb, skch, skcs, svcb, svch, svcs, q_groups, k_groups,
                           HBQ: tl.constexpr, HBK: tl.constexpr, HALF_P: tl.constexpr, TAIL_P: tl.constexpr,
                           D_P: tl.constexpr, INTERLEAVED: tl.constexpr, Q_TAIL: tl.constexpr,
-                          K_TAIL: tl.constexpr, POS_FROM_LENS: tl.constexpr):
+                          K_TAIL: tl.constexpr, POS_FROM_LENS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     tok = tl.program_id(0)
     g = tl.program_id(1)
     b = (tok // S).to(tl.int64)
@@ -181,7 +183,7 @@ def _rotary_plan(call: RotaryCall, qo, ko) -> tuple:
     warps = NUM_WARPS or max(1, min(8, max(hbq, hbk) * width // 512))
     ints = (s, hq, hkv, half, d, cos.shape[0], spb, sps, cos.stride(0), sin.stride(0), *q.stride()[:3],
             *qo.stride()[:3], *k.stride()[:3], *ko.stride()[:3], q_groups)
-    consts = (hbq, hbk, half_p, tail_p, p.interleaved, copy_tail)
+    consts = (hbq, hbk, half_p, tail_p, p.interleaved, copy_tail, pdl.on(q.device))
     # what Triton specializes on: dtypes and 16-byte alignment of the tensors (added per call),
     # the class of each int, the constexprs
     key0 = (q.get_device(), pos.dtype, q.dtype) + tuple(map(int_spec, ints)) + consts + (warps,)
@@ -205,7 +207,8 @@ def launch_rotary(call: RotaryCall):
 @triton.jit
 def _kv_append_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, len_ptr, S_new, H, D, S_max, slen,
                       skcb, skch, skcs, svcb, svch, svcs, skb, skh, sks, svb, svh, svs,
-                      HB: tl.constexpr, D_P: tl.constexpr):
+                      HB: tl.constexpr, D_P: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     tok = tl.program_id(0)
     g = tl.program_id(1)
     b = tok // S_new
@@ -234,8 +237,9 @@ def _kv_append_plan(call: AppendCall) -> tuple:
     warps = max(1, min(8, hb * d_p // 512))
     ints = (s_new, h, d, kc.shape[2], lens.stride(0), *kc.stride()[:3], *vc.stride()[:3], *k.stride()[:3],
             *v.stride()[:3])
-    key0 = (k.get_device(), k.dtype, lens.dtype) + tuple(map(int_spec, ints)) + (hb, d_p, warps)
-    return (b * s_new, cdiv(h, hb)), list(ints + (hb, d_p)), key0, warps, k.get_device()
+    consts = (hb, d_p, pdl.on(k.device))
+    key0 = (k.get_device(), k.dtype, lens.dtype) + tuple(map(int_spec, ints)) + consts + (warps,)
+    return (b * s_new, cdiv(h, hb)), list(ints + consts), key0, warps, k.get_device()
 
 
 def launch_kv_append(call: AppendCall) -> None:
@@ -275,7 +279,7 @@ def _fused_plan(call: FusedCall, qo) -> tuple:
     ints = (s, hq, hkv, half, d, cos.shape[0], kc.shape[2], spb, sps, lens.stride(0), cos.stride(0), sin.stride(0),
             *q.stride()[:3], *qo.stride()[:3], *k.stride()[:3], *v.stride()[:3], *kc.stride()[:3],
             *vc.stride()[:3], q_groups, k_groups)
-    consts = (hbq, hbk, half_p, tail_p, d_p, p.interleaved, q_tail, k_tail, rot.positions is None)
+    consts = (hbq, hbk, half_p, tail_p, d_p, p.interleaved, q_tail, k_tail, rot.positions is None, pdl.on(q.device))
     key0 = (q.get_device(), q.dtype, pos.dtype, lens.dtype) + tuple(map(int_spec, ints)) + consts + (warps,)
     return (b * s, q_groups + 2 * k_groups), list(ints + consts), key0, warps, q.get_device()
 
