@@ -23,8 +23,14 @@ def run_triton(x, qw, bias=None):
     return y, t[0]
 
 
-def expected_variant(m):
-    return "decode" if m <= DECODE_MAX_M else "prefill"
+def expected_variant(m, bits, n=N, k=K):
+    """The Triton variant for M rows of an (n, k) weight: int4 at M 17..64 on a weight of at most
+    DEQUANT_SMALL_NK elements is dequant+cuBLAS under the tuned, swapped setting (session 7)."""
+    from opforge.ops.quant import problem
+    small_int4 = problem.TUNED and tk.DOT_SWAP and bits == 4 and n * k <= problem.DEQUANT_SMALL_NK
+    if m <= DECODE_MAX_M:
+        return "decode"
+    return "dequant_gemm" if small_int4 and m <= problem.DEQUANT_SMALL_MAX_M else "prefill"
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -32,13 +38,17 @@ def expected_variant(m):
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 33])
 def test_kernels_match_the_weight_they_hold(bits, group_size, symmetric, m):
+    """Each variant, and the Triton GEMM (``launch``) also where dequant+cuBLAS is chosen."""
+    from opforge.ops.quant.problem import prepare
     dtype = torch.float16 if (m + bits) % 2 else torch.bfloat16
     qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE) * 0.05, bits, group_size, symmetric)
     x = torch.randn(m, K, device=DEVICE, dtype=dtype)
     y, event = run_triton(x, qw)
-    assert event.variant == expected_variant(m)
+    assert event.variant == expected_variant(m, bits)
     assert y.shape == (m, N) and y.dtype == dtype
     assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
+    if event.variant == "dequant_gemm":
+        assert rel_error(tk.launch(prepare(x, qw, None)), oracle(x, qw)) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("m", [1, 5, 40])
@@ -76,7 +86,7 @@ def test_3d_x_bias_and_strided_rows():
     big = torch.randn(20, 2 * K, device=DEVICE, dtype=torch.float16)
     xs = big[:, 7:7 + K]                           # strided rows, read in place
     y, event = run_triton(xs, qw)
-    assert event.note == "" and event.variant == "prefill"
+    assert event.note == "" and event.variant == expected_variant(20, 4)
     assert rel_error(y, oracle(xs, qw)) < TOLERANCE[torch.float16]
     xt = torch.randn(K, 5, device=DEVICE, dtype=torch.float16).T   # last dim not contiguous: copied
     y, event = run_triton(xt, qw)
@@ -113,11 +123,14 @@ def test_dense_weight_runs_torch_linear_and_says_so():
     assert torch.equal(y, F.linear(x, w))
 
 
-def test_explain_names_the_variant():
-    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_explain_names_the_variant(bits):
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), bits, 128)
     with opforge.backend("triton"):
         text = str(opforge.explain("linear", torch.randn(40, K, device=DEVICE, dtype=torch.float16), qw))
-    assert "chosen: triton.prefill" in text and "not triton.decode" in text and "not triton.dequant_gemm" in text
+    chosen = expected_variant(40, bits)
+    others = {"decode", "prefill", "dequant_gemm"} - {chosen}
+    assert f"chosen: triton.{chosen}" in text and all(f"not triton.{v}" in text for v in others)
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -151,13 +164,14 @@ def test_tile_configs_cover_both_paths():
 def test_verify_cases(backend):
     """The cases ``opforge verify`` runs pass on both backends (quick set)."""
     from opforge.testing import check_case
-    from opforge.ops.quant.problem import dequant_gemm_min_m
+    from opforge.ops.quant.problem import prepare
     chosen = cases.verify_cases("cuda" if DEVICE == "cuda" else "cpu", quick=True)
     assert len(chosen) >= 10
-    variants = {check_case(case, backend)[0].variant for case in chosen}
-    threshold = dequant_gemm_min_m()
-    large = threshold is not None and any(case.shape[0] >= threshold for case in chosen)
-    triton = {"decode", "prefill"} | ({"dequant_gemm"} if large else set())
+    runs = [check_case(case, backend)[:2] for case in chosen]
+    variants = {event.variant for event, _ in runs}
+    dequant = any(prepare(args[0], args[1], args[2] if len(args) > 2 else None).problem.dequant_gemm
+                  for _, args in runs)
+    triton = {"decode", "prefill"} | ({"dequant_gemm"} if dequant else set())
     assert variants == (triton if backend == "triton" else {"reference"})
 
 
@@ -268,7 +282,7 @@ def test_default_launch_choices_per_row_bucket(monkeypatch, tuned, bits, m):
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
     assert int(tk._counters(x.device, 1).abs().sum()) == 0
     y, event = run_triton(x, qw, bias)
-    assert event.variant == ("decode" if m <= DECODE_MAX_M else "prefill")
+    assert event.variant == expected_variant(m, bits, n, k)
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
 
 
@@ -315,20 +329,29 @@ def test_default_choices_are_mains(monkeypatch):
         [True, False, False]
     assert problem.dequant_gemm_min_m() == 256
     assert [prob(4, 128, m).large for m in (255, 256)] == [False, True]
+    # N*K = 16Mi lies between session 7's thresholds: no dequant+cuBLAS below 256 rows, no unswapped tiles
+    assert {key for key in MAIN_TILES if prob(*key).dequant_gemm} == {(4, 128, 256)}
+    assert not any(tk._unswapped_join(prob(*key)) for key in MAIN_TILES)
 
 
 def test_tuned_setting_is_read_from_the_environment():
     """OPFORGE_QUANT_TUNED at import: unset or 1 the tuned choices, 0 the earlier ones; and
-    OPFORGE_QUANT_SWAP=0 the tuned choices without the swapped dot tiles (a fresh interpreter each)."""
+    OPFORGE_QUANT_SWAP=0 the tuned choices without the swapped dot tiles nor session 7's int4
+    choices at M=64 (dequant+cuBLAS on 2048x2048, unswapped JOIN tiles on 28672x4096); a fresh
+    interpreter each."""
     import os
     import subprocess
     import sys
     code = ("import torch; from opforge.ops.quant import problem, triton_kernels as tk; "
-            "p = problem.LinearProblem(torch.bfloat16, 16, 4096, 4096, 4, 128, False, False, 'cuda'); "
-            "print(problem.TUNED, problem.dequant_gemm_min_m(), tk.tile_config(p)[1], tk._swapped(p))")
+            "p, small, large = (problem.LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, 'cuda') "
+            "for m, n, k in ((16, 4096, 4096), (64, 2048, 2048), (64, 28672, 4096))); "
+            "print(problem.TUNED, problem.dequant_gemm_min_m(), tk.tile_config(p)[1], tk._swapped(p), "
+            "small.dequant_gemm, tk.tile_config(large)[:3], tk._swapped(large))")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    for value, swap, want in ((None, None, "True 256 64 True"), ("1", None, "True 256 64 True"),
-                              ("0", None, "False 1024 64 False"), (None, "0", "True 256 128 False")):
+    tuned = "True 256 64 True True (64, 128, 128) False"
+    for value, swap, want in ((None, None, tuned), ("1", None, tuned),
+                              ("0", None, "False 1024 64 False False (64, 64, 64) False"),
+                              (None, "0", "True 256 128 False False (64, 64, 128) False")):
         env.pop("OPFORGE_QUANT_TUNED", None)
         env.pop("OPFORGE_QUANT_SWAP", None)
         if value is not None:
@@ -337,6 +360,90 @@ def test_tuned_setting_is_read_from_the_environment():
             env["OPFORGE_QUANT_SWAP"] = swap
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.split("\n")[-2] == want, out.stderr[-2000:]
+
+
+def _problem(m, n, k, bits=4, group=128):
+    from opforge.ops.quant.problem import LinearProblem
+    return LinearProblem(torch.bfloat16, m, n, k, bits, group, False, False, "cuda")
+
+
+def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm(monkeypatch):
+    """Session 7 (tuned, swapped): int4 with 16 < M <= 64 and N*K <= DEQUANT_SMALL_NK runs
+    dequant+cuBLAS; not at M 16 or 65, one row of N past the threshold, 2048x8192, int8, or with
+    either switch off. The selection key changes with the choice, so the cache follows the switches."""
+    from opforge.ops.quant import problem
+    from opforge.runtime import registry
+    monkeypatch.setattr(problem, "TUNED", True)
+    monkeypatch.setattr(tk, "DOT_SWAP", True)
+    assert problem.DEQUANT_SMALL_NK == 8 * 2 ** 20 and problem.DEQUANT_SMALL_MAX_M == 64
+    shapes = ((2048, 2048), (3072, 2048), (4096, 2048), (4097, 2048), (2048, 8192))
+    chosen = [(m, n, k) for m in (16, 17, 32, 64, 65) for n, k in shapes if _problem(m, n, k).dequant_gemm]
+    assert chosen == [(m, n, 2048) for m in (17, 32, 64) for n in (2048, 3072, 4096)]
+    small, big, int8 = _problem(64, 2048, 2048), _problem(64, 4097, 2048), _problem(64, 2048, 2048, bits=8)
+    assert tk.supports_dequant_gemm(small) is None
+    assert "not int4 at M 17..64 with N*K <= 8388608" in tk.supports_dequant_gemm(big)
+    assert not int8.dequant_gemm and tk.supports_dequant_gemm(int8) is not None
+    with opforge.backend("triton"):
+        assert registry.select("linear", small, "cuda").variant.name == "dequant_gemm"
+        assert registry.select("linear", big, "cuda").variant.name == "prefill"
+        for module, switch in ((problem, "TUNED"), (tk, "DOT_SWAP")):
+            key = small.key
+            monkeypatch.setattr(module, switch, False)
+            assert not small.dequant_gemm and small.key != key
+            assert registry.select("linear", small, "cuda").variant.name == "prefill"
+            monkeypatch.setattr(module, switch, True)
+
+
+def test_large_int4_weights_at_33_to_64_rows_run_unswapped_joined_tiles(monkeypatch):
+    """Session 7 (tuned, swapped): int4 with 32 < M <= 64 and N*K >= UNSWAPPED_JOIN_MIN_NK runs
+    the dot kernel not swapped on (64, 128, BLOCK_K the group up to 128) tiles; M 32, N*K just
+    below, int8 and M 65 keep their tiles; either switch off gives the earlier tiles."""
+    from opforge.ops.quant import problem
+    monkeypatch.setattr(problem, "TUNED", True)
+    monkeypatch.setattr(tk, "DOT_SWAP", True)
+    assert tk.UNSWAPPED_JOIN_MIN_NK == 48 * 2 ** 20 == 24576 * 2048
+    for m in (33, 40, 64):
+        for n, k in ((128256, 2048), (28672, 4096), (4096, 14336), (24576, 2048)):
+            p = _problem(m, n, k)
+            assert tk.tile_config(p) == (64, 128, 128, True, 4, 3) and not tk._swapped(p) and not p.dequant_gemm
+    assert tk.tile_config(_problem(64, 28672, 4096, group=64)) == (64, 128, 64, True, 4, 3)
+    swapped = {(32, 28672, 4096, 4): (32, 64, 128, True, 4, 3), (64, 24575, 2048, 4): (64, 64, 128, True, 4, 3),
+               (64, 16384, 2048, 4): (64, 64, 128, True, 4, 3), (64, 28672, 4096, 8): (64, 64, 128, True, 4, 3)}
+    for (m, n, k, bits), tiles in swapped.items():
+        assert tk._swapped(_problem(m, n, k, bits)) and tk.tile_config(_problem(m, n, k, bits)) == tiles
+    p, past = _problem(64, 28672, 4096), _problem(65, 28672, 4096)
+    assert tk.tile_config(past) == (64, 128, 64, True, 4, 3) and not tk._swapped(past)   # main's M > 64 tiles
+    monkeypatch.setattr(tk, "DOT_SWAP", False)
+    assert tk.tile_config(p) == (64, 64, 128, True, 4, 3) and not tk._unswapped_join(p)
+    monkeypatch.setattr(tk, "DOT_SWAP", True)
+    monkeypatch.setattr(problem, "TUNED", False)
+    assert tk.tile_config(p) == MAIN_TILES[4, 128, 64] and not tk._unswapped_join(p)
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_launch_runs_the_unswapped_tiles_with_dot_join(monkeypatch, join):
+    """``launch`` passes join=DOT_JOIN with the unswapped int4 tiles (threshold lowered to this
+    small weight), and the result is the weight's."""
+    from opforge.ops.quant import problem
+    monkeypatch.setattr(problem, "TUNED", True)
+    monkeypatch.setattr(tk, "DOT_SWAP", True)
+    monkeypatch.setattr(tk, "DOT_JOIN", join)
+    monkeypatch.setattr(tk, "UNSWAPPED_JOIN_MIN_NK", N * K)
+    seen = []
+    real = tk.launch_config
+
+    def spy(call, config, *args, **kwargs):
+        seen.append((config, kwargs["join"], kwargs["swap"]))
+        return real(call, config, *args, **kwargs)
+
+    monkeypatch.setattr(tk, "launch_config", spy)
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+    x = torch.randn(40, K, device=DEVICE, dtype=torch.bfloat16)
+    bias = torch.randn(N, device=DEVICE, dtype=torch.bfloat16)
+    with opforge.runtime.alloc.poisoned_outputs():
+        y = tk.launch(problem.prepare(x, qw, bias))
+    assert seen == [((64, 128, 128, True, 4, 3), join, False)]
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
 
 
 def test_empty_inner_dimension_gives_the_bias_like_f_linear():
@@ -374,19 +481,19 @@ def test_wide_k_config_leaves_groups_that_do_not_divide_the_tile():
 @pytest.mark.parametrize("join,swap", [(True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("bits,group_size,symmetric,dtype", [(4, 128, False, torch.bfloat16), (4, 32, True, torch.float16),
                                                              (8, 64, False, torch.bfloat16)])
-@pytest.mark.parametrize("m", [5, 16, 33])
-def test_dot_kernel_joined_and_swapped_forms(join, swap, bits, group_size, symmetric, dtype, m):
+@pytest.mark.parametrize("m,block_m,block_n", [(5, 16, 32), (16, 16, 32), (33, 32, 32), (40, 64, 128), (64, 64, 128)])
+def test_dot_kernel_joined_and_swapped_forms(join, swap, bits, group_size, symmetric, dtype, m, block_m, block_n):
     """The dot kernel's JOIN form (int4: codes unpacked through tl.join; int8 ignores it)
-    and SWAP form (the weight as the MMA's first operand), with K split and a ragged N, against
-    the float64 oracle."""
+    and SWAP form (the weight as the MMA's first operand), with K split at the smaller M and a ragged N,
+    against the float64 oracle; M 40 and 64 on the (64, 128) tiles that int4 runs not swapped,
+    joined, at M 33..64 on large weights (``UNSWAPPED_JOIN_MIN_NK``)."""
     from opforge.ops.quant.problem import prepare
     n, k = 40, 1024
     qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, group_size, symmetric)
     x = torch.randn(m, k, device=DEVICE, dtype=dtype)
     bias = torch.randn(n, device=DEVICE, dtype=dtype)
     call = prepare(x, qw, bias)
-    block_m = 16 if m <= 16 else 32
     with opforge.runtime.alloc.poisoned_outputs():
-        y = tk.launch_config(call, (block_m, 32, min(group_size, 128), True, 4, 3), programs_per_sm=8,
+        y = tk.launch_config(call, (block_m, block_n, min(group_size, 128), True, 4, 3), programs_per_sm=8,
                              join=join, swap=swap)
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[dtype]

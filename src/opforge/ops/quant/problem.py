@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -29,6 +30,14 @@ DEQUANT_GEMM_MIN_M: "Optional[int]" = 1024
 #: 112.9 (4096x4096), 439.6 vs 802.1 (28672x8192); M=64 stays on the Triton GEMM. End to end
 #: (session 4): M=256 int4 1.41-3.09x, int8 1.04-1.27x the Triton GEMM.
 DEQUANT_GEMM_MIN_M_TUNED: "Optional[int]" = 256
+#: Under ``TUNED`` with the swapped dot tiles (``triton_kernels.DOT_SWAP``), int4 weights of at
+#: most this many elements (N*K) also take ``dequant_gemm`` for M 17..``DEQUANT_SMALL_MAX_M``:
+#: there the dot kernel's time is mostly fixed cost. H100 sweep (session 7,
+#: results/h100/session7/call1, bf16 x, g128), int4 linear vs dequant+cuBLAS: M=64 3072x2048
+#: 21.5 vs 11.6 us, 2048x2048 21.5 vs 10.0; M=32 12.2 vs 11.4, 12.1 vs 9.9. From 2048x8192 on
+#: dequant+cuBLAS is slower (M=64 29.3 vs 23.5). int8 keeps its kernel (ahead or within a hair).
+DEQUANT_SMALL_NK = 8 * 2 ** 20
+DEQUANT_SMALL_MAX_M = 64
 
 
 def dequant_gemm_min_m() -> "Optional[int]":
@@ -40,6 +49,12 @@ def dequant_gemm_min_m() -> "Optional[int]":
         True
     """
     return DEQUANT_GEMM_MIN_M_TUNED if TUNED else DEQUANT_GEMM_MIN_M
+
+
+def _dot_swap() -> bool:
+    """``triton_kernels.DOT_SWAP``; False where that module is not loaded (no Triton variants)."""
+    kernels = sys.modules.get(f"{__package__}.triton_kernels")
+    return kernels is not None and kernels.DOT_SWAP
 
 
 @dataclass(frozen=True)
@@ -70,8 +85,21 @@ class LinearProblem:
         return threshold is not None and self.m >= threshold
 
     @property
+    def small_int4(self) -> bool:
+        """int4, M 17..``DEQUANT_SMALL_MAX_M``, N*K <= ``DEQUANT_SMALL_NK``, under ``TUNED`` and
+        ``triton_kernels.DOT_SWAP``: dequant+cuBLAS beats the swapped dot kernel."""
+        return (TUNED and self.bits == 4 and DECODE_MAX_M < self.m <= DEQUANT_SMALL_MAX_M
+                and self.n * self.k <= DEQUANT_SMALL_NK and _dot_swap())
+
+    @property
+    def dequant_gemm(self) -> bool:
+        """Whether the ``dequant_gemm`` variant runs this problem (given kernel dtypes): ``large``
+        or ``small_int4``."""
+        return self.large or self.small_int4
+
+    @property
     def key(self) -> tuple:
-        return (self.dtype, self.decode, self.large, self.bits, self.dense, self.k < 16)
+        return (self.dtype, self.decode, self.dequant_gemm, self.bits, self.dense, self.k < 16)
 
     def describe(self) -> str:
         w = "dense" if self.dense else f"int{self.bits} g{self.group}{' sym' if self.symmetric else ''}"

@@ -12,15 +12,19 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   applied per word column; the only cross-thread reduction is the one at the end. More rows:
   ``_qmm_kernel`` with 16 padded rows: every row shares each weight load. Up to 64 rows (under
   the tuned choices) its SWAP form puts the weight on the MMA's wide side (out^T = W x^T, 64
-  features x 128 codes) and int4 codes leave their words through ``tl.join`` (JOIN).
+  features x 128 codes) and int4 codes leave their words through ``tl.join`` (JOIN); int4 at
+  M 33..64 on weights of N*K >= 48*2**20 runs the JOIN form not swapped, on (64, 128, 128)
+  tiles (``UNSWAPPED_JOIN_MIN_NK``).
 * ``prefill`` (M > 16): ``_qmm_kernel`` on (BLOCK_M, BLOCK_N) tiles; per K tile (inside one
   group) the codes, as 16-bit floats, go to ``tl.dot`` (tensor cores) against x. Tiles by M, N,
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
   read from DRAM about once.
 
-* ``dequant_gemm`` (M >= ``problem.dequant_gemm_min_m()``): ``_dequant_kernel`` writes the weight
-  in x's dtype (one pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the
-  dequantized weight to 16 bits; at these M the GEMM dwarfs the extra pass.
+* ``dequant_gemm`` (M >= ``problem.dequant_gemm_min_m()``; tuned, also int4 at M 17..64 with
+  N*K <= ``problem.DEQUANT_SMALL_NK``): ``_dequant_kernel`` writes the weight in x's dtype (one
+  pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the dequantized weight
+  to 16 bits; at these M the GEMM dwarfs the extra pass, and on small int4 weights the dot
+  kernel's fixed cost does (H100, M=64 2048x2048: 21.5 -> 10.0 us).
 
 The GEMV and dot kernels split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
 split writes float32 partials to a workspace (split, M, N); a tiny second kernel or, with
@@ -33,7 +37,11 @@ round-3 H100 sweep's: the in-kernel split reduction for the int4 GEMV kernel, in
 (16, 128, 128) for M 5..16 and (64, 64, 128) for M 33..64, and dequant+cuBLAS from M = 256.
 Each won in a sweep of single launch configs and, measured end to end in session 4
 (``benchmarks/gpu_check_quant.py --tuned``), was as fast or faster on the GPU-bound shapes; the
-int8 GEMV kernel's in-kernel reduction measured slower there (0.53-0.99x) and stays off.
+int8 GEMV kernel's in-kernel reduction measured slower there (0.53-0.99x) and stays off. Later
+sweeps (CUDA graphs, L2-cold weights) added wide-K GEMV tiles for one row (session 5), the
+swapped dot tiles up to 64 rows (session 6, ``DOT_SWAP``; they replace the M 5..64 tiles above)
+and, for int4 at M 17..64 (session 7), dequant+cuBLAS on small weights and the non-swapped
+JOIN tiles at M 33..64 on large ones (``problem.DEQUANT_SMALL_NK``, ``UNSWAPPED_JOIN_MIN_NK``).
 
 Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``. Codes are
 exact in float32 and in 16-bit floats (the dot path keeps an offset on them, 128 or 1024, folded
@@ -102,6 +110,14 @@ SWAP_MAX_M = 64
 #: gate_up 23.2 -> 20.7; M=64 8B o 26.4 -> 23.1; the 1B model's batch-8 int4 step 1351 -> 1264 us.
 #: ``OPFORGE_QUANT_JOIN=0`` turns it off.
 DOT_JOIN = os.environ.get("OPFORGE_QUANT_JOIN", "1") not in ("", "0")
+#: int4, M ``UNSWAPPED_JOIN_MIN_M``..``SWAP_MAX_M``, N*K of at least ``UNSWAPPED_JOIN_MIN_NK``
+#: (under ``TUNED`` and ``DOT_SWAP``): the dot kernel NOT swapped, with JOIN, on (64, 128, 128)
+#: tiles (``_unswapped_join``). H100 sweep (session 7, results/h100/session7/call1, M=64, bf16 x,
+#: g128) vs the swapped tiles: 128256x2048 160.8 vs 188.1 us, 28672x4096 94.7 vs 102.4,
+#: 4096x14336 48.1 vs 57.8; smaller weights lose (16384x2048 32.2 vs 28.1, 4096x4096 36.4 vs
+#: 23.3). At M=32 the swapped tiles are best or within noise everywhere.
+UNSWAPPED_JOIN_MIN_M = 33
+UNSWAPPED_JOIN_MIN_NK = 48 * 2 ** 20
 
 
 @triton.jit
@@ -469,7 +485,9 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     (int4 and int8) takes ``wide_k_config`` under ``TUNED`` and ``WIDE_K`` (session 5's sweep).
     Past the GEMV's rows and up to ``SWAP_MAX_M``, ``TUNED`` and ``DOT_SWAP`` give the swapped dot
     kernel's tiles: BLOCK_M the power of two >= M (16 at least), 64 features, BLOCK_K the group up
-    to 128 (session 6's sweep).
+    to 128 (session 6's sweep); except int4 at M 33..64 with N*K >= ``UNSWAPPED_JOIN_MIN_NK``:
+    (64, 128, BLOCK_K the group up to 128), not swapped, JOIN (session 7: M=64 28672x4096 94.7
+    vs 102.4 us).
 
     Example:
         >>> from opforge.ops.quant.problem import LinearProblem
@@ -485,6 +503,8 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
         block_m = _pow2_ge(p.m)
         # int4 128 features (4 rows per thread; 255 registers, no spills at 4 rows of x), int8 64
         return block_m, 128 if p.bits == 4 else 64, 128, False, 4, 3
+    if _unswapped_join(p):
+        return 64, 128, min(_pow2_le(g), 128), True, 4, 3
     if _swapped(p):
         return max(16, _pow2_ge(p.m)), 64, min(_pow2_le(g), 128), True, 4, 3
     tuned_int4 = qproblem.TUNED and p.bits == 4
@@ -502,7 +522,15 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
 
 def _swapped(p: LinearProblem) -> bool:
     """Whether the dot kernel runs in its SWAP form for this problem (see ``DOT_SWAP``)."""
-    return DOT_SWAP and qproblem.TUNED and p.m <= SWAP_MAX_M and not (p.m <= GEMV_ROWS and _gemv_ok(p))
+    return DOT_SWAP and qproblem.TUNED and p.m <= SWAP_MAX_M and not (p.m <= GEMV_ROWS and _gemv_ok(p)) \
+        and not _unswapped_join(p)
+
+
+def _unswapped_join(p: LinearProblem) -> bool:
+    """Whether the dot kernel runs NOT swapped, with JOIN, on (64, 128, 128) tiles for this
+    problem (see ``UNSWAPPED_JOIN_MIN_NK``)."""
+    return DOT_SWAP and qproblem.TUNED and p.bits == 4 and UNSWAPPED_JOIN_MIN_M <= p.m <= SWAP_MAX_M \
+        and p.n * p.k >= UNSWAPPED_JOIN_MIN_NK
 
 
 def wide_k_config(p: LinearProblem) -> Optional[tuple[int, int, int, bool, int, int]]:
@@ -592,7 +620,8 @@ def launch(call: LinearCall) -> torch.Tensor:
     p = call.problem
     config = tile_config(p)
     swap = config[3] and _swapped(p)
-    return launch_config(call, config, _programs_per_sm(config), join=swap and DOT_JOIN, swap=swap)
+    join = DOT_JOIN and (swap or _unswapped_join(p))
+    return launch_config(call, config, _programs_per_sm(config), join=join, swap=swap)
 
 
 def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRAMS_PER_SM,
@@ -680,8 +709,13 @@ def supports_decode(p: LinearProblem):
 
 
 def supports_dequant_gemm(p: LinearProblem):
-    return _dtype_reason(p) or (None if p.large else
-                                f"M={p.m} rows < {qproblem.dequant_gemm_min_m()}: the Triton GEMM's (exact codes, no weight pass)")
+    return _dtype_reason(p) or (None if p.dequant_gemm else _not_dequant_gemm_reason(p))
+
+
+def _not_dequant_gemm_reason(p: LinearProblem) -> str:
+    small = f", and not int4 at M 17..{qproblem.DEQUANT_SMALL_MAX_M} with N*K <= {qproblem.DEQUANT_SMALL_NK}" \
+        if qproblem.TUNED and DOT_SWAP else ""
+    return f"M={p.m} rows < {qproblem.dequant_gemm_min_m()}{small}: the Triton GEMM's (exact codes, no weight pass)"
 
 
 def supports_prefill(p: LinearProblem):
@@ -691,6 +725,7 @@ def supports_prefill(p: LinearProblem):
 VARIANTS = (
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
-     "M >= 256 (OPFORGE_QUANT_TUNED=0: 1024): weight dequantized to x's dtype in one pass, then cuBLAS"),
+     "M >= 256 (OPFORGE_QUANT_TUNED=0: 1024), tuned also int4 M 17..64 with N*K <= 8*2**20: weight dequantized "
+     "to x's dtype in one pass, then cuBLAS"),
     ("prefill", supports_prefill, launch, "M > 16: codes fed to tl.dot per group tile, scale/zero per group"),
 )
