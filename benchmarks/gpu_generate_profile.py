@@ -109,6 +109,9 @@ def profile_model(quant: str | None, device: str, smoke: bool) -> None:
     entry["step_graph_us"] = events_us(captured(lambda: model.decode_step(tok, seqlens), device), device)
     logits = model.decode_step(tok, seqlens)
     entry["argmax_graph_us"] = events_us(captured(lambda: logits.argmax(-1), device), device, 100)
+    from opforge.models.generate import argmax_rows
+    low = logits.to(model.dtype)
+    entry["argmax_rows_graph_us"] = events_us(captured(lambda: argmax_rows(low), device), device, 100)
     entry["float_cast_graph_us"] = events_us(captured(lambda: logits.to(torch.bfloat16).float(), device), device, 100)
     if device == "cuda":
         step = model._graphs.get((1, True)) or _GraphStep(model, 1, greedy=True)
@@ -133,7 +136,8 @@ def profile_model(quant: str | None, device: str, smoke: bool) -> None:
         entry["greedy_kernels_per_step"] = dict(sorted(names.items(), key=lambda kv: -kv[1][0]))
     RESULTS[label] = entry
     print(f"{label}: generate {entry['generate_us_per_token']:.0f} us/token, step graph {entry['step_graph_us']:.0f}, "
-          f"greedy graph {entry.get('greedy_graph_us', 0):.0f}, argmax {entry['argmax_graph_us']:.1f}, "
+          f"greedy graph {entry.get('greedy_graph_us', 0):.0f}, argmax {entry['argmax_graph_us']:.1f} "
+          f"(two-stage, model dtype {entry['argmax_rows_graph_us']:.1f}), "
           f"cast {entry['float_cast_graph_us']:.1f}", flush=True)
     for key in ("generate_timeline", "greedy_timeline"):
         t = entry.get(key)

@@ -16,6 +16,17 @@ TINY_DECODES = ("decode b1 ctx24", "decode b1 ctx48", "decode b2 ctx24", "decode
 TINY_PREFILLS = ("prefill 1x64", "prefill 2x32")
 
 
+def test_model_suite_head_precisions_quantize_the_output_head(tmp_path):
+    """"int4-head" quantizes the output head too: fewer weight bytes than "int4", no dense head."""
+    path = tmp_path / "model.json"
+    assert main(["--suite", "model", "--device", "cpu", "--shapes", "tiny", "--dtypes", "int4,int4-head",
+                 "--impls", "opforge", "--json", str(path)]) == 0
+    rows = {(r["precision"], r["what"]): r for r in json.loads(path.read_text())["rows"]}
+    dense, quantized = rows[("int4", "decode b1 ctx24")], rows[("int4-head", "decode b1 ctx24")]
+    assert quantized["weight_bytes"] < dense["weight_bytes"]
+    assert dense["dense_lm_head_bytes"] > 0 and quantized["dense_lm_head_bytes"] == 0
+
+
 def test_model_suite_runs_the_grid_and_writes_json(tmp_path, capsys):
     path = tmp_path / "model.json"
     assert main(["--suite", "model", "--device", "cpu", "--shapes", "tiny", "--dtypes", "bf16,int4",

@@ -48,7 +48,11 @@ __all__ = ["Budget", "Grid", "PEERS", "PRECISIONS", "SHAPES", "grid", "median_se
 SHAPES = ("tiny", "1b", "8b")
 
 
-PRECISIONS = ("bf16", "int8", "int4")
+#: "int8"/"int4" quantize the decoder's linear layers and keep the output head dense (the default
+#: of ``opforge.models.load``); "int8-head"/"int4-head" quantize the head too (``quantize_head``).
+PRECISIONS = ("bf16", "int8", "int4", "int8-head", "int4-head")
+#: What runs without ``--dtypes``.
+DEFAULT_PRECISIONS = ("bf16", "int8", "int4")
 
 
 def _our_points(g: Grid, device: torch.device) -> list[str]:
@@ -73,10 +77,12 @@ def _ours(path: str, precision: str, device: torch.device, g: Grid, shape: str, 
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    model = load(path, device=device, dtype=torch.bfloat16, quantize=None if precision == "bf16" else precision,
-                 max_seq_len=g.max_seq_len, max_batch=g.max_batch, group_size=32 if shape == "tiny" else 128)
+    bits = precision.removesuffix("-head")
+    model = load(path, device=device, dtype=torch.bfloat16, quantize=None if bits == "bf16" else bits,
+                 quantize_head=precision.endswith("-head"), max_seq_len=g.max_seq_len, max_batch=g.max_batch,
+                 group_size=32 if shape == "tiny" else 128)
     weight_bytes = model.weight_bytes()
-    head = model.lm_head.numel() * model.lm_head.element_size()
+    head = model.lm_head.numel() * model.lm_head.element_size() if isinstance(model.lm_head, torch.Tensor) else 0
     kv_token = _kv_bytes_per_token(model)
     limit = bandwidth * 1e9 / weight_bytes
     gen = torch.Generator().manual_seed(0)
@@ -161,7 +167,7 @@ def run_model_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
     Args:
         shapes: from ``SHAPES``; default ``["1b"]`` on CUDA, ``["tiny"]`` elsewhere.
         device: default CUDA when available, else CPU.
-        precisions: subset of ``PRECISIONS`` (default all).
+        precisions: subset of ``PRECISIONS`` (default ``DEFAULT_PRECISIONS``).
         peers: True for all of ``PEERS``, False for none, or some of their names; each runs only
             when importable (else "not installed" in ``result["peers"]``).
         budget: seconds; points that would start later are skipped and listed in ``result["skipped"]``.
@@ -188,7 +194,7 @@ def run_model_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
     if budget is not None and budget < 0:
         raise ValueError(f"model suite: budget must be >= 0 seconds, got {budget}")
     wanted = _peer_set(peers)
-    precisions = precisions or list(PRECISIONS)
+    precisions = precisions or list(DEFAULT_PRECISIONS)
     bandwidth = measure_copy_bandwidth(dev, nbytes=(1 << 30) if dev.type == "cuda" else (1 << 22), repeats=10)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                               "copy_bandwidth_gbs": bandwidth, "rows": [], "skipped": [], "peers": {},
