@@ -380,11 +380,17 @@ def main() -> int:
         for m in (int(v) for v in args.rows.split(",")):
             for n, k, label in shapes:
                 sweep_shape(n, k, label, device, smoke, deadline, m)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode_breakdown.json"), "w") as f:
-        json.dump(RESULTS, f, indent=1)
-    print("errors:", RESULTS["errors"] or "none")
-    return 1 if RESULTS["errors"] and smoke else 0
+    return write_results(RESULTS, args.out, "decode_breakdown.json", smoke)
+
+
+def write_results(results: dict, out_dir: str, name: str, smoke: bool) -> int:
+    """Write ``results`` as JSON to ``out_dir/name``, print its errors; the exit code (a CPU smoke
+    run fails on any error, a GPU run reports them as results)."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(results, f, indent=1)
+    print("errors:", results["errors"] or "none")
+    return 1 if results["errors"] and smoke else 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Writes ``$OUT/generate_profile.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,6 +25,8 @@ import time
 from typing import Any
 
 import torch
+
+from gpu_decode_breakdown import write_results
 
 RESULTS: dict[str, Any] = {"errors": []}
 
@@ -166,11 +167,7 @@ def main() -> int:
         if device == "cuda":
             torch.cuda.empty_cache()
     RESULTS["seconds"] = time.time() - t0
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "generate_profile.json"), "w") as f:
-        json.dump(RESULTS, f, indent=1)
-    print("errors:", RESULTS["errors"] or "none")
-    return 1 if RESULTS["errors"] and smoke else 0
+    return write_results(RESULTS, args.out, "generate_profile.json", smoke)
 
 
 if __name__ == "__main__":
