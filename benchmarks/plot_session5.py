@@ -211,7 +211,8 @@ def plot_suite_rows(all_rows: list[dict], title: str, path: Path) -> None:
     for i, (shape, impl, prec) in enumerate(impls):
         vals = {r["what"]: r["tokens_per_s"] for r in rows if (r.get("shape"), r["impl"], r["precision"]) == (shape, impl, prec)}
         ax.bar([j + i * width for j in range(len(points))], [vals.get(p, 0) for p in points], width,
-               label=f"{shape + ' ' if len(shapes) > 1 else ''}{impl} {prec}")
+               label=f"{shape + ' ' if len(shapes) > 1 else ''}{impl} {prec}",
+               color=plt.cm.tab20(i % 20) if len(impls) > 10 else None)   # past 10 series the default colours repeat
     ax.set_xticks([j + 0.42 for j in range(len(points))], [p.replace("decode ", "") for p in points])
     ax.set_yscale("log")
     ax.set_ylabel("decode tokens/s (log)")
