@@ -277,9 +277,9 @@ def child(args) -> None:
     spec = make_spec(args)
     kind, verify = args.child.split(":")
     if kind.endswith("-warm"):
-        # one-time costs before the baseline too: the quantize kernels compiled or loaded from
-        # Triton's cache (the compiler's and the loaded binaries' host memory), as the CUDA context
-        # above; what is left is the load's own growth
+        # one-time costs before the baseline too, as the CUDA context above: the first quantization
+        # in the process (quantize_weight is torch ops: their CUDA kernels load lazily on first
+        # use); what is left is the load's own growth
         opforge.quantize_weight(torch.randn(64, 4 * args.group_size, device=device), 4, args.group_size)
         sync(device)
     if args.chunk_mib:

@@ -256,15 +256,16 @@ def attention_splits(device: str, smoke: bool, deadline: float) -> None:
         del caches, calls
 
 
-def step_breakdown(device: str, smoke: bool) -> None:
+def step_breakdown(device: str, smoke: bool, shape: str = "1b", quants: tuple = (None, "int4")) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from opforge.models import load
-    from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
-    config = dict(TINY_LLAMA, vocab_size=256) if smoke else LLAMA_1B
+    from opforge.models.testing import LLAMA_1B, LLAMA_8B, TINY_LLAMA, write_random_checkpoint
+    config = dict(TINY_LLAMA, vocab_size=256) if smoke else LLAMA_8B if shape == "8b" else LLAMA_1B
     path = write_random_checkpoint(config, tempfile.mkdtemp(prefix="opforge-breakdown-"), device, torch.bfloat16)
-    for quant in (None, "int4"):
-        model = load(path, device=device, dtype=torch.bfloat16, quantize=quant, max_seq_len=1024, max_batch=1)
+    for quant in quants:
+        kw = dict(group_size=32) if smoke and quant else {}
+        model = load(path, device=device, dtype=torch.bfloat16, quantize=quant, max_seq_len=1024, max_batch=1, **kw)
         ids = torch.randint(0, config["vocab_size"], (1, 512), device=device)
         model.prefill(ids, torch.tensor([512]))
         tok = ids[:, -1].clone()
@@ -296,7 +297,7 @@ def step_breakdown(device: str, smoke: bool) -> None:
                 print(f"   {us:8.1f} us x{entry['launches_per_step'][name]:.0f}  {name}", flush=True)
         else:
             step()
-        RESULTS["step"][quant or "bf16"] = entry
+        RESULTS["step"][f"{shape} {quant or 'bf16'}"] = entry
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -354,6 +355,8 @@ def main() -> int:
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--part", choices=("step", "sweep", "models", "attn", "all"), default="all")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the sweep part")
+    parser.add_argument("--shape", choices=("1b", "8b"), default="1b", help="model shape of the step part")
+    parser.add_argument("--quants", default="bf16,int4", help="precisions of the step part, e.g. bf16,int8")
     parser.add_argument("--rows", default="1", help="comma-separated M (rows of x) for the sweep, e.g. 1,8,16")
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = parser.parse_args()
@@ -361,7 +364,8 @@ def main() -> int:
     device = "cpu" if smoke else "cuda"
     RESULTS["device"] = "cpu smoke" if smoke else torch.cuda.get_device_name()
     if args.part in ("step", "all"):
-        step_breakdown(device, smoke)
+        quants = tuple(None if q == "bf16" else q for q in args.quants.split(","))
+        step_breakdown(device, smoke, args.shape, quants)
     if args.part in ("models", "all"):
         model_variants(device, smoke)
     if args.part == "attn":
