@@ -1,6 +1,6 @@
 """Plots and a results summary for the H100 measurements of session 7.
 
-Reads what the five GPU calls of session 7 left in ``benchmarks/results/h100/session7/callN/``
+Reads what the eight GPU calls of session 7 left in ``benchmarks/results/h100/session7/callN/``
 (and, for comparison, session 5's M = 1 sweep and session 6's sweeps and model suites) and writes
 into ``benchmarks/results/h100/session7/``:
 
@@ -28,7 +28,8 @@ DEFAULT_DIR = HERE / "results" / "h100" / "session7"
 SESSION5, SESSION6 = HERE / "results" / "h100" / "session5", HERE / "results" / "h100" / "session6"
 #: the commit each call measured (HEAD when it ran). call1's tree is 32e6e03's (1fb3806 only adds
 #: call1's results); call4 and call5 ran at fed7445, which only adds call2/call3's results to 64c615a.
-COMMITS = {"call1": "32e6e03", "call2": "2c26292", "call3": "64c615a", "call4": "fed7445", "call5": "fed7445"}
+COMMITS = {"call1": "32e6e03", "call2": "2c26292", "call3": "64c615a", "call4": "fed7445", "call5": "fed7445",
+           "call6": "cc457c3", "call7": "6a006d6", "call8": "87c9f30"}
 #: call1's M=64 candidates for session 7's int4 rule (gpu_decode_breakdown sweep labels)
 OLD_RULE, DEQUANT, UNSWAPPED = "int4 linear", "int4 dequant+cublas", "int4 dot64 join (128, 128) w4 s3 pps4 combine"
 #: generate-profile measurements shown per model (key, label)
@@ -253,6 +254,51 @@ def plot_sweep(folder: Path) -> None:
     plt.close(fig)
 
 
+def checks_md(folder: Path) -> list[str]:
+    """Call 6: ``gpu_check_models.py`` (1B) checks and timings, and the ``decode_gemv`` suite."""
+    d = load(folder / "call6" / "models.json")
+    lines = [f"## `gpu_check_models.py`, 1B (at {COMMITS['call6']}, PDL on)", "", "| check | result | detail |",
+             "|---|---|---|"]
+    lines += [f"| {c['name']} | {'PASS' if c['pass'] else 'FAIL'} | {c['detail']} |" for c in d["checks"]]
+    lines += ["", "| timing | tokens/s | % of limit |", "|---|---|---|"]
+    lines += [f"| {t['name']} | {t['tokens_per_s']:.1f} | {t.get('pct_of_limit') or ''} |" for t in d["timings"]
+              if t.get("tokens_per_s")]
+    first = d["first_token_s"]
+    lines += ["", f"First token, 512-token prompt: {first['total_wall'] * 1e3:.0f} ms (prefill {first['prefill'] * 1e3:.0f}, "
+              f"graph capture {first['capture'] * 1e3:.0f}).", "",
+              f"## `opforge bench --suite decode_gemv` (at {COMMITS['call6']}; eager calls, GPU time by events: the "
+              "small shapes are host-bound here)", "", "| op | shape | opforge us | torch (cuBLAS bf16) us | speedup |",
+              "|---|---|---|---|---|"]
+    for c in load(folder / "call6" / "decode_gemv.json")["suites"][0]["cases"]:
+        ours, peer = c["results"]["opforge"], c["results"]["torch"]
+        lines.append(f"| {c['op']} | {'x'.join(map(str, c['shape']))} | {ours['gpu_us']:.1f} | {peer['gpu_us']:.1f} | "
+                     f"{peer['gpu_us'] / ours['gpu_us']:.2f}x |")
+    return lines + [""]
+
+
+def probe_md(folder: Path) -> list[str]:
+    """Call 7: the same launch timed three times in a row, and the 8B decode step by kernel."""
+    lines = [f"## Repeat timings (`gpu_timing_probe.py`, at {COMMITS['call7']})", "",
+             "us per launch, CUDA graph over L2-cold weights, each variant three times in a row on the same weights:",
+             "", "| shape | variant | 1st | 2nd | 3rd |", "|---|---|---|---|---|"]
+    for shape, row in load(folder / "call7" / "timing_probe.json").items():
+        for name, vals in row.items():
+            cells = [f"{v:.1f}" for v in vals] + [""] * (3 - len(vals))
+            lines.append(f"| {shape} | {name} | " + " | ".join(cells) + " |")
+    steps = load(folder / "call7" / "decode_breakdown.json")["step"]
+    lines += ["", f"## The 8B decode step by kernel (`gpu_decode_breakdown.py --part step --shape 8b`, at "
+              f"{COMMITS['call7']})", "",
+              "Graph-replayed step, and the profiler's GPU time per kernel name over eager steps. With PDL a kernel's "
+              "time includes its wait at `gdc_wait` for the kernel before it, so the kernel sum exceeds the step and "
+              "a short kernel after a long one (swiglu after the gate_up GEMV) looks long.", "",
+              "| model | graph step us | kernel sum us | top kernels (us per step, launches) |", "|---|---|---|---|"]
+    for label, e in steps.items():
+        top = ", ".join(f"{k.split('(')[0][:28]} {us:.0f} (x{e['launches_per_step'][k]:.0f})"
+                        for k, us in list(e["kernels_us_per_step"].items())[:6])
+        lines.append(f"| {label} | {e['graph_step_us']:.0f} | {e['kernel_sum_us']:.0f} | {top} |")
+    return lines + [""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
@@ -270,6 +316,10 @@ def main() -> None:
     lines += summary_md(one_b["rows"] + eight_b["rows"], old)
     lines += suite_table(one_b, f"## `opforge bench --suite model`, 1B shape (at {COMMITS['call4']}, after the GPU test)")
     lines += suite_table(eight_b, f"## `opforge bench --suite model --impls opforge`, 8B shape (at {COMMITS['call5']})")
+    lines += checks_md(folder) + probe_md(folder)
+    lines += suite_table(load(folder / "call8" / "model_8b_peers.json"),
+                         f"## `opforge bench --suite model --dtypes bf16`, 8B shape with the transformers peers (at "
+                         f"{COMMITS['call8']}; their first run at 8B)")
     (folder / "results.md").write_text("\n".join(lines))
     plot_pdl(folder)
     plot_sweep(folder)
