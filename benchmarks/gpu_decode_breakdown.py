@@ -31,7 +31,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 if "--cpu-smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -387,12 +387,18 @@ def main() -> int:
     return write_results(RESULTS, args.out, "decode_breakdown.json", smoke)
 
 
+def write_json(obj: Any, name: str, out_dir: Optional[str] = None) -> None:
+    """``obj`` as JSON in ``out_dir/name`` (default: $OUT, else ./gpu-out), the folder made if missing."""
+    out_dir = out_dir or os.environ.get("OUT", "./gpu-out")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(obj, f, indent=1)
+
+
 def write_results(results: dict, out_dir: str, name: str, smoke: bool) -> int:
     """Write ``results`` as JSON to ``out_dir/name``, print its errors; the exit code (a CPU smoke
     run fails on any error, a GPU run reports them as results)."""
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, name), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(results, name, out_dir)
     print("errors:", results["errors"] or "none")
     return 1 if results["errors"] and smoke else 0
 

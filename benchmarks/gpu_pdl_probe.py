@@ -12,14 +12,14 @@ and times the replays.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from gpu_decode_breakdown import write_json
 
 
 @triton.jit
@@ -131,10 +131,7 @@ def main() -> int:
         except Exception as exc:   # a failure is a result
             results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             print(name, results[name]["error"], flush=True)
-    out_dir = os.environ.get("OUT", "./gpu-out")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "pdl_probe.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(results, "pdl_probe.json")
     return 0
 
 

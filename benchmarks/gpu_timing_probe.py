@@ -11,14 +11,12 @@ shapes where the gap was largest, and writes every timing.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 
 import opforge
-from gpu_decode_breakdown import copies_for, graph_us
+from gpu_decode_breakdown import copies_for, graph_us, write_json
 
 SHAPES = ((128256, 2048, "1B lm_head"), (28672, 4096, "8B gate_up"), (4096, 14336, "8B down"))
 
@@ -45,10 +43,7 @@ def main() -> int:
         del dense
         torch.cuda.empty_cache()
         print(label, {name: [round(v, 1) for v in vals] for name, vals in row.items()}, flush=True)
-    out_dir = os.environ.get("OUT", "./gpu-out")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "timing_probe.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    write_json(out, "timing_probe.json")
     return 0
 
 
