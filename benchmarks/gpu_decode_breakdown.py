@@ -182,6 +182,10 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
         want = oracle(x, qs[0])
         calls = [qproblem.prepare(x, q, None) for q in qs]
         fns = [lambda q=q: opforge.linear(x, q) for q in qs]
+        if device == "cuda":
+            # untimed: the first timing over a fresh weight set read 5-9% slow on the largest shape
+            # (session 7, gpu_timing_probe.py: 1B lm_head int8 98.1 us, then 93.0 and 93.0)
+            graph_us(fns)
         timed(f"int{bits} linear", fns, lambda: opforge.linear(x, qs[0]), want)
         if m == 1:
             flagged(qk, "WIDE_K", True, lambda: timed(f"int{bits} linear wide", fns,
