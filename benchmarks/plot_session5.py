@@ -111,11 +111,20 @@ def check_md(folder: Path) -> list[str]:
              f"Weight-bandwidth limit (bf16): {d['decode_limit_tokens_per_s']:.0f} tokens/s "
              f"({d['weight_bytes'] / 1e9:.2f} GB at {d['copy_bandwidth_gbs']:.0f} GB/s).", "",
              "| what | tokens/s | % of own limit |", "|---|---|---|"]
-    for t in d["timings"]:
-        pct = t.get("pct_of_limit")
-        lines.append(f"| {t['name']} | {t['tokens_per_s']:.0f} | {'' if pct is None else f'{pct:.0f}'} |")
+    lines += timings_rows(d["timings"])
     lines += ["", "Targets (issue 11):", ""] + [f"- {t['verdict']}: {t['name']}: {t['detail']}" for t in d["targets"]]
     return lines + [""]
+
+
+def timings_rows(timings: list[dict]) -> list[str]:
+    """``gpu_check_models.py``'s timings as Markdown rows: name, tokens/s, % of its own limit."""
+    rows = []
+    for t in timings:
+        if t.get("tokens_per_s") is None:
+            continue
+        pct = t.get("pct_of_limit")
+        rows.append(f"| {t['name']} | {t['tokens_per_s']:.0f} | {'' if pct is None else f'{pct:.0f}'} |")
+    return rows
 
 
 def suite_rows(folder: Path) -> list[dict]:

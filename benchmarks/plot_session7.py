@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from plot_session5 import now_int4 as session5_int4, plot_suite_rows, suite_table
+from plot_session5 import now_int4 as session5_int4, plot_suite_rows, suite_table, timings_rows
 from plot_session6 import COMMITS as SESSION6_COMMITS, NOW_INT4 as SESSION6_INT4, block, cell, load
 
 HERE = Path(__file__).resolve().parent
@@ -260,9 +260,7 @@ def checks_md(folder: Path) -> list[str]:
     lines = [f"## `gpu_check_models.py`, 1B (at {COMMITS['call6']}, PDL on)", "", "| check | result | detail |",
              "|---|---|---|"]
     lines += [f"| {c['name']} | {'PASS' if c['pass'] else 'FAIL'} | {c['detail']} |" for c in d["checks"]]
-    lines += ["", "| timing | tokens/s | % of limit |", "|---|---|---|"]
-    lines += [f"| {t['name']} | {t['tokens_per_s']:.1f} | {t.get('pct_of_limit') or ''} |" for t in d["timings"]
-              if t.get("tokens_per_s")]
+    lines += ["", "| timing | tokens/s | % of limit |", "|---|---|---|"] + timings_rows(d["timings"])
     first = d["first_token_s"]
     lines += ["", f"First token, 512-token prompt: {first['total_wall'] * 1e3:.0f} ms (prefill {first['prefill'] * 1e3:.0f}, "
               f"graph capture {first['capture'] * 1e3:.0f}).", "",
