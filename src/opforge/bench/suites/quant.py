@@ -18,7 +18,8 @@ Suite: ``decode_gemv`` (``opforge bench --suite decode_gemv``): one row of bf16 
 projection shapes of the Llama-3.2-1B and Llama-3-8B decoders, for int4 g128, int8 per-channel
 and a dense bf16 weight (``linear_dense``: ``opforge.linear`` with a dense weight, which on CUDA
 runs opforge's dense GEMV at M = 1, against cuBLAS ``F.linear``). It repeats in the harness what
-``benchmarks/gpu_decode_breakdown.py`` swept in session 5 (not yet run on a GPU as a suite).
+``benchmarks/gpu_decode_breakdown.py`` sweeps in CUDA graphs; its calls are eager, so the small
+shapes are host-bound (first GPU run: session 7, ``benchmarks/results/h100/session7/call6``).
 """
 from __future__ import annotations
 
