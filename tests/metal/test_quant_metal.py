@@ -219,8 +219,17 @@ def test_kernels_without_bfloat_before_metal_3_1():
 def test_random_shapes(bits, group, groups, n, m, dtype, symmetric, has_bias, pad):
     k = (group if group > 0 else 8 * 9) * groups   # group -1: K = 72 * groups (not a multiple of 32)
     qw = weight(n, k, bits, group, symmetric, seed=n + m)
-    x = torch.randn(m, k + pad).to(dtype)[:, pad // 2:pad // 2 + k]
-    bias = torch.randn(n).to(dtype) if has_bias else None
+    g = torch.Generator().manual_seed(n * 1000 + m * 10 + bits)   # the same x when hypothesis replays an example
+    x = torch.randn(m, k + pad, generator=g).to(dtype)[:, pad // 2:pad // 2 + k]
+    bias = torch.randn(n, generator=g).to(dtype) if has_bias else None
     out, event = run_public(x, qw, bias)
     assert event.variant == ("qmv" if m <= 16 else "qmm") and event.note == ""
-    check(out, oracle(x, qw, bias), dtype, f"int{bits} g{group} N={n} K={k} M={m} {dtype}")
+    ref = oracle(x, qw, bias)
+    # With N = M = 1 the one output can cancel to ~1/300 of a typical dot product, and a float32
+    # sum's rounding is relative to the sizes of its terms, not its result: the error is measured
+    # against the larger of ‖ref‖ and the typical size of a dot product of these terms,
+    # ‖|x| |W|ᵀ‖ / √K (for random signs ‖x Wᵀ‖ ≈ that, so only cancelling draws are affected).
+    terms = x.double().abs() @ qw.dequantize(torch.float64).abs().T
+    scale = max(ref.norm().item(), terms.norm().item() / k ** 0.5)
+    err = (out.double() - ref).norm().item() / scale
+    assert err <= TOLERANCE[dtype], f"int{bits} g{group} N={n} K={k} M={m} {dtype}: error {err:.3e}"
