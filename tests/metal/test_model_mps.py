@@ -24,5 +24,6 @@ def test_generation_on_mps_equals_the_cpu_torch_path(quantize):
     with opforge.trace() as t:
         logits, tokens = mps.forward(ids.to("mps")).cpu(), mps.generate(PROMPTS, 6)
     assert rel_error(logits, ref_logits) < 1e-4 and tokens == ref_tokens
+    assert mps.generate(PROMPTS, 6, readback=4) == ref_tokens    # each step committed, read per 4
     assert PREFILL_OPS | STEP_OPS <= {e.op for e in t if e.backend == "metal"}
     assert all(e.backend == "metal" for e in t if e.op != "linear" or quantize)

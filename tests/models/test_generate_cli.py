@@ -16,6 +16,15 @@ def test_generate_with_token_ids(capsys):
     assert "prefill: 3 tokens" in out and "decode:" in out and "decode_attention[" in out
 
 
+def test_readback_streams_the_same_tokens(capsys):
+    path = write_tiny_checkpoint()
+    printed = []
+    for readback in ("1", "3"):
+        assert main(["generate", path, "--prompt-ids", "5,6,7", "--max-new-tokens", "7", "--readback", readback]) == 0
+        printed.append(capsys.readouterr().out.splitlines()[0])
+    assert printed[0] == printed[1] and len(printed[0].split()) == 7
+
+
 def test_generate_text_with_a_tokenizer(capsys):
     tokenizers = pytest.importorskip("tokenizers")
     path = write_tiny_checkpoint()

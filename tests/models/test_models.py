@@ -79,6 +79,40 @@ def test_stop_ids_and_stream(model):
     assert seen == [(0, t) for t in out[0]]
 
 
+@pytest.mark.parametrize("readback", [2, 3, 8, 40])
+def test_reading_tokens_back_in_chunks_changes_nothing_but_the_cadence(model, readback):
+    """readback > 1 (tokens gathered on the device, read once per chunk): the same tokens, stops
+    and stream calls as reading each step's, for batched prompts that stop at different steps,
+    greedy and seeded sampling, chunks that do not divide max_new_tokens; the cache lengths grow
+    by the steps launched, within the cache."""
+    prompts = [[4, 5, 6], [9, 1], [3, 3, 3, 3, 7]]
+    free = model.generate(prompts, 13)
+    stops = [free[0][2], free[1][9]]
+    for kwargs in ({}, {"temperature": 0.9, "top_k": 12}):
+        results = []
+        for r in (1, readback):
+            seen = []
+            gen = torch.Generator().manual_seed(5)
+            out = model.generate(prompts, 13, stop_ids=stops, stream=lambda b, t: seen.append((b, t)),
+                                 generator=gen, readback=r, **kwargs)
+            results.append((out, seen, model.cache_seqlens[:3].tolist()))
+        (ref, ref_seen, ref_lens), (out, seen, lens) = results
+        assert out == ref and seen == ref_seen
+        assert len({len(o) for o in out}) > 1                    # the stops cut sequences at different steps
+        steps_run = min(13, 1 + -(-(max(len(o) for o in out) - 1) // readback) * readback)
+        assert lens == [len(p) + steps_run - 1 for p in prompts] and max(lens) <= model.max_seq_len
+        assert ref_lens == [len(p) + max(len(o) for o in ref) - 1 + (max(len(o) for o in ref) < 13)
+                            for p in prompts]
+        if not kwargs:                                            # greedy: the free run, cut at the stops
+            assert out == [f[:len(o)] for f, o in zip(free, out)]
+
+
+@pytest.mark.parametrize("readback", [0, -1, 1.5, True, "2"])
+def test_readback_must_be_a_positive_int(model, readback):
+    with pytest.raises(ValueError, match="readback must be an int >= 1"):
+        model.generate([1, 2], 3, readback=readback)
+
+
 @pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen3"])
 def test_other_families_load_and_decode_consistently(tmp_path, model_type):
     config = dict(TINY_LLAMA, model_type=model_type, architectures=[f"{model_type.title()}ForCausalLM"])

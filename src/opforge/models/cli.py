@@ -44,6 +44,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--max-seq-len", type=int, default=4096)
     parser.add_argument("--device")
     parser.add_argument("--no-graphs", action="store_true", help="run the decode step eagerly on CUDA")
+    parser.add_argument("--readback", type=int, default=1,
+                        help="decode steps between reads of the new tokens (MPS: >1 overlaps; unmeasured)")
     args = parser.parse_args(argv)
 
     import opforge
@@ -86,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with opforge.trace() as t:
         model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, stop_ids=model.config.eos_token_ids, stream=stream,
-                       graphs=not args.no_graphs)
+                       graphs=not args.no_graphs, readback=args.readback)
     s = model.last_stats
     print()
     print(f"prefill: {s.prompt_tokens} tokens, {s.prefill_tokens_per_s:.1f} tokens/s; decode: {s.new_tokens} tokens, "

@@ -134,7 +134,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
              max_new_tokens: int, *, temperature: float = 0.0, top_k: Optional[int] = None,
              top_p: Optional[float] = None, stop_ids: Sequence[int] = (),
              stream: Optional[Callable[[int, int], None]] = None, generator: Optional[torch.Generator] = None,
-             graphs: bool = True) -> list[list[int]]:
+             graphs: bool = True, readback: int = 1) -> list[list[int]]:
     """Generate up to ``max_new_tokens`` per prompt; returns the new tokens of each prompt.
 
     Args:
@@ -145,6 +145,12 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
         stream: called ``stream(b, token)`` for each token as soon as it is produced.
         generator: a ``torch.Generator`` on the model's device, for reproducible sampling.
         graphs: on CUDA, capture the decode step once per batch size and replay it.
+        readback: decode steps launched between the host's reads of the new tokens. 1 (the
+            default): each step's tokens are read while the next step runs. ``n > 1``: the new
+            tokens stay on the device and are read once per ``n`` steps; on MPS each step is
+            committed as its own command buffer, so the GPU runs queued steps while the host
+            encodes the next ones (unmeasured: this project has no Apple GPU). ``stream`` then
+            gets tokens in bursts of ``n``, and up to ``n - 1`` steps run past the last stop.
 
     Example:
         >>> from opforge.models.testing import tiny_decoder
@@ -153,6 +159,8 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
         >>> [len(o) for o in out]
         [4, 4]
     """
+    if isinstance(readback, bool) or not isinstance(readback, int) or readback < 1:
+        raise ValueError(f"readback must be an int >= 1, got {readback!r}")
     prompts = _as_batch(input_ids)
     b = len(prompts)
     if b == 0 or min(len(p) for p in prompts) == 0:
@@ -207,38 +215,78 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
                 greedy_graph.tokens.copy_(tokens)
             sync()
             stats.capture_s = time.perf_counter() - t1
+
+        def advance(tokens: torch.Tensor) -> torch.Tensor:
+            """Launch one decode step; its new tokens, on the device."""
+            if greedy_graph is not None:
+                return greedy_graph.advance()
+            logits = step(tokens)
+            seqlens.add_(1)
+            return sample(logits, temperature, top_k, top_p, generator)
+
         t2 = time.perf_counter()
-        on_gpu = model.device.type == "cuda"
-        buffers = [torch.empty(b, dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
-        queue: deque = deque()          # launched steps whose tokens the host has not read yet
-        steps = 1                       # tokens produced per sequence so far (the prefill's)
-        while True:
-            # Step k+1 is launched before the host reads step k's tokens, so the GPU does not wait
-            # on the host's stop/stream bookkeeping. A step launched after a sequence stopped is
-            # ignored by emit; it stays inside the cache (prompt + max_new_tokens <= max_seq_len).
-            if steps < max_new_tokens and not all(done):
-                if greedy_graph is not None:
-                    tokens = greedy_graph.advance()
-                else:
-                    logits = step(tokens)
-                    seqlens.add_(1)
-                    tokens = sample(logits, temperature, top_k, top_p, generator)
-                buffer = buffers[steps % 2]
-                buffer.copy_(tokens, non_blocking=on_gpu)
-                copied = torch.cuda.Event() if on_gpu else None
-                if copied is not None:
-                    copied.record()
-                queue.append((buffer, copied))
-                steps += 1
-                if len(queue) < 2:
-                    continue
-            if not queue:
-                break
-            buffer, copied = queue.popleft()
-            if copied is not None:
-                copied.synchronize()
-            emit(buffer)
+        decode = _decode_one_ahead if readback == 1 else _decode_in_chunks
+        decode(model.device, advance, tokens, emit, done, max_new_tokens, readback)
         sync()
         stats.decode_s = time.perf_counter() - t2
         stats.new_tokens = sum(len(o) for o in out) - b
     return out
+
+
+def _decode_one_ahead(device: torch.device, advance: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
+                      emit: Callable[[torch.Tensor], None], done: list[bool], max_new_tokens: int,
+                      readback: int = 1) -> None:
+    """``generate``'s decode loop with ``readback`` 1: step k+1 is launched before the host reads
+    step k's tokens, so the GPU does not wait on the host's stop/stream bookkeeping. A step
+    launched after a sequence stopped is ignored by ``emit``; it stays inside the cache
+    (prompt + max_new_tokens <= max_seq_len)."""
+    on_gpu = device.type == "cuda"
+    buffers = [torch.empty(len(done), dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
+    queue: deque = deque()          # launched steps whose tokens the host has not read yet
+    steps = 1                       # tokens produced per sequence so far (the prefill's)
+    while True:
+        if steps < max_new_tokens and not all(done):
+            tokens = advance(tokens)
+            buffer = buffers[steps % 2]
+            buffer.copy_(tokens, non_blocking=on_gpu)
+            copied = torch.cuda.Event() if on_gpu else None
+            if copied is not None:
+                copied.record()
+            queue.append((buffer, copied))
+            steps += 1
+            if len(queue) < 2:
+                continue
+        if not queue:
+            break
+        buffer, copied = queue.popleft()
+        if copied is not None:
+            copied.synchronize()
+        emit(buffer)
+
+
+def _commit(device: torch.device) -> None:
+    """Send the work queued so far to the GPU without waiting for it. On MPS, recording an event
+    commits the stream's command buffer; CUDA launches run as they are queued; the CPU has no queue."""
+    if device.type == "mps":
+        torch.mps.event.Event().record()
+
+
+def _decode_in_chunks(device: torch.device, advance: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
+                      emit: Callable[[torch.Tensor], None], done: list[bool], max_new_tokens: int,
+                      readback: int) -> None:
+    """``generate``'s decode loop with ``readback`` > 1: up to ``readback`` steps are launched
+    (each committed on its own), their tokens gathered on the device, then read with one copy.
+    Chunks stop at ``max_new_tokens``; tokens of steps after a sequence stopped are ignored by
+    ``emit``, and those steps stay inside the cache (prompt + max_new_tokens <= max_seq_len)."""
+    history = torch.empty(len(done), readback, dtype=torch.long, device=device)
+    produced = 1                                      # the prefill's token
+    while produced < max_new_tokens and not all(done):
+        n = min(readback, max_new_tokens - produced)
+        for i in range(n):
+            tokens = advance(tokens)
+            history[:, i].copy_(tokens)
+            _commit(device)
+        produced += n
+        chunk = history[:, :n].cpu()                  # the one wait per chunk
+        for i in range(n):
+            emit(chunk[:, i])
