@@ -216,52 +216,50 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
             sync()
             stats.capture_s = time.perf_counter() - t1
 
-        def advance(tokens: torch.Tensor) -> torch.Tensor:
-            """Launch one decode step; its new tokens, on the device."""
-            if greedy_graph is not None:
-                return greedy_graph.advance()
-            logits = step(tokens)
-            seqlens.add_(1)
-            return sample(logits, temperature, top_k, top_p, generator)
-
         t2 = time.perf_counter()
-        decode = _decode_one_ahead if readback == 1 else _decode_in_chunks
-        decode(model.device, advance, tokens, emit, done, max_new_tokens, readback)
+        if readback > 1:
+            def advance(tokens: torch.Tensor) -> torch.Tensor:
+                if greedy_graph is not None:
+                    return greedy_graph.advance()
+                logits = step(tokens)
+                seqlens.add_(1)
+                return sample(logits, temperature, top_k, top_p, generator)
+            _decode_in_chunks(model.device, advance, tokens, emit, done, max_new_tokens, readback)
+        else:
+            on_gpu = model.device.type == "cuda"
+            buffers = [torch.empty(b, dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
+            queue: deque = deque()          # launched steps whose tokens the host has not read yet
+            steps = 1                       # tokens produced per sequence so far (the prefill's)
+            while True:
+                # Step k+1 is launched before the host reads step k's tokens, so the GPU does not wait
+                # on the host's stop/stream bookkeeping. A step launched after a sequence stopped is
+                # ignored by emit; it stays inside the cache (prompt + max_new_tokens <= max_seq_len).
+                if steps < max_new_tokens and not all(done):
+                    if greedy_graph is not None:
+                        tokens = greedy_graph.advance()
+                    else:
+                        logits = step(tokens)
+                        seqlens.add_(1)
+                        tokens = sample(logits, temperature, top_k, top_p, generator)
+                    buffer = buffers[steps % 2]
+                    buffer.copy_(tokens, non_blocking=on_gpu)
+                    copied = torch.cuda.Event() if on_gpu else None
+                    if copied is not None:
+                        copied.record()
+                    queue.append((buffer, copied))
+                    steps += 1
+                    if len(queue) < 2:
+                        continue
+                if not queue:
+                    break
+                buffer, copied = queue.popleft()
+                if copied is not None:
+                    copied.synchronize()
+                emit(buffer)
         sync()
         stats.decode_s = time.perf_counter() - t2
         stats.new_tokens = sum(len(o) for o in out) - b
     return out
-
-
-def _decode_one_ahead(device: torch.device, advance: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
-                      emit: Callable[[torch.Tensor], None], done: list[bool], max_new_tokens: int,
-                      readback: int = 1) -> None:
-    """``generate``'s decode loop with ``readback`` 1: step k+1 is launched before the host reads
-    step k's tokens, so the GPU does not wait on the host's stop/stream bookkeeping. A step
-    launched after a sequence stopped is ignored by ``emit``; it stays inside the cache
-    (prompt + max_new_tokens <= max_seq_len)."""
-    on_gpu = device.type == "cuda"
-    buffers = [torch.empty(len(done), dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
-    queue: deque = deque()          # launched steps whose tokens the host has not read yet
-    steps = 1                       # tokens produced per sequence so far (the prefill's)
-    while True:
-        if steps < max_new_tokens and not all(done):
-            tokens = advance(tokens)
-            buffer = buffers[steps % 2]
-            buffer.copy_(tokens, non_blocking=on_gpu)
-            copied = torch.cuda.Event() if on_gpu else None
-            if copied is not None:
-                copied.record()
-            queue.append((buffer, copied))
-            steps += 1
-            if len(queue) < 2:
-                continue
-        if not queue:
-            break
-        buffer, copied = queue.popleft()
-        if copied is not None:
-            copied.synchronize()
-        emit(buffer)
 
 
 def _commit(device: torch.device) -> None:
