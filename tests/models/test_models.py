@@ -107,6 +107,21 @@ def test_reading_tokens_back_in_chunks_changes_nothing_but_the_cadence(model, re
             assert out == [f[:len(o)] for f, o in zip(free, out)]
 
 
+def test_chunked_steps_commit_on_mps_and_keep_their_events(monkeypatch):
+    """On MPS each step's work is committed by recording an event, which stays referenced until
+    the chunk's read (the real-MPS run is tests/metal/test_model_mps.py); elsewhere no call."""
+    from opforge.models.generate import _commit
+    recorded = []
+
+    class Event:
+        def record(self):
+            recorded.append(self)
+    monkeypatch.setattr(torch.mps.event, "Event", Event)
+    event = _commit(torch.device("mps"))
+    assert recorded == [event] and isinstance(event, Event)
+    assert _commit(torch.device("cpu")) is None and len(recorded) == 1
+
+
 @pytest.mark.parametrize("readback", [0, -1, 1.5, True, "2"])
 def test_readback_must_be_a_positive_int(model, readback):
     with pytest.raises(ValueError, match="readback must be an int >= 1"):

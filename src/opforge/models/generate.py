@@ -262,11 +262,16 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
     return out
 
 
-def _commit(device: torch.device) -> None:
-    """Send the work queued so far to the GPU without waiting for it. On MPS, recording an event
-    commits the stream's command buffer; CUDA launches run as they are queued; the CPU has no queue."""
+def _commit(device: torch.device) -> Any:
+    """Send the work queued so far to the GPU without waiting for it; returns what must stay alive
+    until that work is done. On MPS, recording an event commits the stream's command buffer (the
+    event is kept until the chunk's read, so the pool does not hand it out while it is pending);
+    CUDA launches run as they are queued; the CPU has no queue."""
     if device.type == "mps":
-        torch.mps.event.Event().record()
+        event = torch.mps.event.Event()
+        event.record()
+        return event
+    return None
 
 
 def _decode_in_chunks(device: torch.device, advance: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
@@ -280,11 +285,13 @@ def _decode_in_chunks(device: torch.device, advance: Callable[[torch.Tensor], to
     produced = 1                                      # the prefill's token
     while produced < max_new_tokens and not all(done):
         n = min(readback, max_new_tokens - produced)
+        pending = []
         for i in range(n):
             tokens = advance(tokens)
             history[:, i].copy_(tokens)
-            _commit(device)
+            pending.append(_commit(device))
         produced += n
         chunk = history[:, :n].cpu()                  # the one wait per chunk
+        pending.clear()
         for i in range(n):
             emit(chunk[:, i])
