@@ -23,6 +23,8 @@ def test_readback_streams_the_same_tokens(capsys):
         assert main(["generate", path, "--prompt-ids", "5,6,7", "--max-new-tokens", "7", "--readback", readback]) == 0
         printed.append(capsys.readouterr().out.splitlines()[0])
     assert printed[0] == printed[1] and len(printed[0].split()) == 7
+    assert main(["generate", path, "--prompt-ids", "5", "--readback", "0"]) == 2
+    assert "--readback takes a number of decode steps >= 1, got 0" in capsys.readouterr().err
 
 
 def test_generate_text_with_a_tokenizer(capsys):

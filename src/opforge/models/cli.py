@@ -54,6 +54,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: give a prompt: --prompt TEXT (with the `tokenizers` package and MODEL_DIR/tokenizer.json) "
               "or --prompt-ids 1,2,3", file=sys.stderr)
         return 2
+    if args.readback < 1:
+        print(f"error: --readback takes a number of decode steps >= 1, got {args.readback}", file=sys.stderr)
+        return 2
     tok = _tokenizer(args.model_dir)
     if args.prompt_ids:
         try:
