@@ -204,11 +204,12 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
         seqlens = model.cache_seqlens[:b]
         step: Callable[[torch.Tensor], torch.Tensor] = lambda t: model.decode_step(t, seqlens)   # noqa: E731
         greedy_graph: Optional[_GraphStep] = None
+        greedy = temperature <= 0
         if use_graphs and not all(done):
             t1 = time.perf_counter()
-            key = (b, temperature <= 0)
+            key = (b, greedy)
             if key not in model._graphs:
-                model._graphs[key] = _GraphStep(model, b, greedy=temperature <= 0)
+                model._graphs[key] = _GraphStep(model, b, greedy=greedy)
             step = model._graphs[key]
             if step.greedy:
                 greedy_graph = step
@@ -216,14 +217,16 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
             sync()
             stats.capture_s = time.perf_counter() - t1
 
+        def advance(tokens: torch.Tensor) -> torch.Tensor:
+            """Launch one decode step; its new tokens, on the device."""
+            if greedy_graph is not None:
+                return greedy_graph.advance()
+            logits = step(tokens)
+            seqlens.add_(1)
+            return sample(logits, temperature, top_k, top_p, generator)
+
         t2 = time.perf_counter()
         if readback > 1:
-            def advance(tokens: torch.Tensor) -> torch.Tensor:
-                if greedy_graph is not None:
-                    return greedy_graph.advance()
-                logits = step(tokens)
-                seqlens.add_(1)
-                return sample(logits, temperature, top_k, top_p, generator)
             _decode_in_chunks(model.device, advance, tokens, emit, done, max_new_tokens, readback)
         else:
             on_gpu = model.device.type == "cuda"
@@ -235,12 +238,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
                 # on the host's stop/stream bookkeeping. A step launched after a sequence stopped is
                 # ignored by emit; it stays inside the cache (prompt + max_new_tokens <= max_seq_len).
                 if steps < max_new_tokens and not all(done):
-                    if greedy_graph is not None:
-                        tokens = greedy_graph.advance()
-                    else:
-                        logits = step(tokens)
-                        seqlens.add_(1)
-                        tokens = sample(logits, temperature, top_k, top_p, generator)
+                    tokens = advance(tokens)
                     buffer = buffers[steps % 2]
                     buffer.copy_(tokens, non_blocking=on_gpu)
                     copied = torch.cuda.Event() if on_gpu else None
