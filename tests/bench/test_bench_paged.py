@@ -3,7 +3,6 @@ implementation correct against the float64 oracle, and the paged targets judged.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from opforge.bench.results import ABSENT, OK
 from opforge.bench.runner import RunOptions, Runner

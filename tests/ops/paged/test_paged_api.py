@@ -125,3 +125,30 @@ def test_explain_names_the_variant():
     lens = torch.tensor([5, 3], dtype=I32)
     text = str(opforge.explain("paged_attention", torch.randn(4, 4, 8), kp, vp, tables, lens, cu, max_query_len=3))
     assert "paged_attention" in text and "chosen: torch.reference" in text
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    """All three ops are single graph nodes under torch.compile (the in-place rotary too)."""
+    from opforge.ops.rotary.cases import rope_tables
+
+    layout = cases.make_layout([20, 9], [2, 9], 8, share=False)
+    kp, vp = torch.randn(layout.num_blocks, 8, 2, 16), torch.randn(layout.num_blocks, 8, 2, 16)
+    q, k, v = torch.randn(11, 4, 16), torch.randn(11, 2, 16), torch.randn(11, 2, 16)
+    before = torch.tensor([18, 0], dtype=I32)
+    after = before + torch.tensor([2, 9], dtype=I32)
+    tables, cu = layout.block_tables, layout.cu_seqlens
+    cos, sin = rope_tables(64, 16, "cpu")
+
+    def step(q, kp, vp):
+        q = opforge.paged_rotary_kv_cache_append(q, k, v, kp, vp, tables, before, cu, cos, sin, inplace=True)
+        opforge.paged_kv_cache_append(kp, vp, k, v, tables, before, cu)
+        return opforge.paged_attention(q, kp, vp, tables, after, cu, max_query_len=9)
+
+    inputs = (q.clone(), kp.clone(), vp.clone())
+    eager = step(*inputs)
+    compiled_inputs = (q.clone(), kp.clone(), vp.clone())
+    out = torch.compile(step, fullgraph=True, backend="aot_eager")(*compiled_inputs)
+    torch._dynamo.reset()
+    assert torch.allclose(out, eager, atol=1e-6)
+    for a, b in zip(inputs, compiled_inputs):
+        assert torch.allclose(a, b, atol=1e-6)          # q rotated in place, the pools written

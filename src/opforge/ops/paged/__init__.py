@@ -19,7 +19,7 @@ import torch
 from ...runtime import alloc, dispatch
 from ...runtime.compile_support import compiled
 from . import fakes, reference
-from .problem import (OPS, AppendCall, AttentionCall, RotaryAppendCall, attention_wants_check, check_append_values,
+from .problem import (OPS, AttentionCall, RotaryAppendCall, attention_wants_check, check_append_values,
                       check_attention_values, prepare_append, prepare_attention, prepare_rotary_append, wants_check)
 
 
