@@ -24,10 +24,11 @@ def _oracle(args, scale):
     return reference.paged_attention(q.double(), kp.double(), vp.double(), tables, lens, cu, scale)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 20])
 def test_decode_every_split_count(splits):
-    """Slices of the length (some empty for the short sequence) merge to the oracle."""
-    args = _attention_args([70, 5, 33], [1, 3, 2], 4, 2, 32, 16)
+    """Slices of the length (some empty for the short sequences) merge to the oracle; above 16
+    slices the merge reads its partials in several chunks."""
+    args = _attention_args([70, 5, 33] if splits < 16 else [400, 5, 33], [1, 3, 2], 4, 2, 32, 16)
     call = prepare_attention(*args, 3, None)
     out = tk.launch_decode(call, splits=splits)
     assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]

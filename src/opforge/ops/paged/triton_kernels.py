@@ -165,8 +165,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, po_p
 
 @triton.jit
 def _combine_kernel(po_ptr, lse_off, o_ptr, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
-    """Merge one output row's slices: weights 2^(lse - max), empty slices (lse = -inf) skipped."""
+                    BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = False):
+    """Merge one output row's slices: weights 2^(lse - max), empty slices (lse = -inf) skipped;
+    the partial outputs are read CHUNK_S slices at a time (few registers whatever the count)."""
     pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     lse_row = po_ptr + lse_off + row * num_splits
@@ -174,13 +175,17 @@ def _combine_kernel(po_ptr, lse_off, o_ptr, num_splits, D: tl.constexpr, BLOCK_D
     lse = tl.load(lse_row + s_all, mask=s_all < num_splits, other=float("-inf"))
     m = tl.max(lse, axis=0)
     m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)
-    total = tl.sum(w, axis=0)
+    total = tl.sum(tl.exp2(lse - m), axis=0)
     offs_d = tl.arange(0, BLOCK_D)
-    used = lse > float("-inf")
-    o = tl.load(po_ptr + (row * num_splits + s_all)[:, None] * D + offs_d[None, :],
-                mask=used[:, None] & (offs_d < D)[None, :], other=0.0)
-    out = tl.sum(w[:, None] * o, axis=0) / tl.where(total == 0.0, 1.0, total)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for c in range(0, num_splits, CHUNK_S):
+        s = c + tl.arange(0, CHUNK_S)
+        lse_c = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
+        used = lse_c > float("-inf")
+        o = tl.load(po_ptr + (row * num_splits + s)[:, None] * D + offs_d[None, :],
+                    mask=used[:, None] & (offs_d < D)[None, :], other=0.0)
+        acc += tl.sum(tl.exp2(lse_c - m)[:, None] * o, axis=0)
+    out = acc / tl.where(total == 0.0, 1.0, total)
     tl.store(o_ptr + row * D + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
@@ -394,9 +399,9 @@ def launch_decode(call: AttentionCall, splits: Optional[int] = None) -> torch.Te
                    p.block_size, p.head_dim, block_d, br, bn, dot_f32, ieee, direct, dependent),
                   num_warps=nw, num_stages=ns)
     if not direct:
-        block_s = max(16, next_power_of_2(splits))
+        block_s = 16 if splits <= 16 else config.MAX_SPLITS   # two compiled variants whatever the count
         warps = 1 if block_d <= 64 else 2 if block_d <= 128 else 4
-        _combine((n_rows,), (part, lse_off, out, splits, p.head_dim, block_d, block_s, dependent),
+        _combine((n_rows,), (part, lse_off, out, splits, p.head_dim, block_d, block_s, 16, dependent),
                  num_warps=warps, num_stages=2)
     return out
 
