@@ -152,3 +152,23 @@ def test_torch_compile_fullgraph_matches_eager():
     assert torch.allclose(out, eager, atol=1e-6)
     for a, b in zip(inputs, compiled_inputs):
         assert torch.allclose(a, b, atol=1e-6)          # q rotated in place, the pools written
+
+
+def test_a_known_signature_still_checks_values():
+    """The second call with the same shapes skips the metadata checks, never the value checks."""
+    kp, vp, k, v, tables, lens, cu = _setup()
+    opforge.paged_kv_cache_append(kp, vp, k, v, tables, lens, cu)
+    _refuses(IndexError, r"cache_seqlens\[1\]", opforge.paged_kv_cache_append, kp, vp, k, v, tables,
+             torch.tensor([0, 10 ** 4], dtype=I32), cu, pools=(kp, vp))
+    q = torch.randn(4, 4, 8)
+    after = lens + (cu[1:] - cu[:-1])
+    opforge.paged_attention(q, kp, vp, tables, after, cu, max_query_len=3)
+    _refuses(ValueError, "max_query_len = 3", opforge.paged_attention, q, kp, vp, tables, after,
+             torch.tensor([0, 0, 4], dtype=I32), max_query_len=3)
+    cos, sin = torch.randn(16, 4), torch.randn(16, 4)
+    opforge.paged_rotary_kv_cache_append(q, k, v, kp, vp, tables, lens, cu, cos, sin)
+    _refuses(IndexError, r"positions must be in \[0, 16\)", opforge.paged_rotary_kv_cache_append, q, k, v, kp, vp,
+             tables, lens, cu, cos, sin, torch.tensor([0, 1, 2, 16]), pools=(kp, vp))
+    opforge.paged_rotary_kv_cache_append(q, k, v, kp, vp, tables, lens, cu, cos[:8], sin[:8])
+    _refuses(IndexError, r"positions must be in \[0, 8\)", opforge.paged_rotary_kv_cache_append, q, k, v, kp, vp,
+             tables, torch.tensor([4, 8], dtype=I32), cu, cos[:8], sin[:8], pools=(kp, vp))

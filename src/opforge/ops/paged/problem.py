@@ -111,6 +111,26 @@ class AttentionCall:
         self.scale, self.note = scale, ""
 
 
+def signature(*items: object) -> tuple:
+    """Every fact validation depends on, short of the values: each tensor's shape, strides, dtype
+    and device, and each other argument with its type. A call whose signature passed validation
+    before passes it again (only the host value checks still run).
+
+    Example:
+        >>> import torch
+        >>> x = torch.zeros(2, 3)
+        >>> signature(x, 1, None) == signature(x + 1, 1, None), signature(x, 1) == signature(x, True)
+        (True, False)
+    """
+    facts: list = []
+    for x in items:
+        if isinstance(x, torch.Tensor):
+            facts += (x.shape, x.stride(), x.dtype, x.device)
+        else:
+            facts += (type(x), x)
+    return tuple(facts)
+
+
 def _tensor(name: str, t: object, ndim: int) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
