@@ -147,3 +147,29 @@ def test_rotary_append_explicit_positions_and_inplace(backend):
     assert max_rel_error(out, eq) <= TOLERANCE[torch.float32]
     written = ~torch.isnan(ek)
     assert max_rel_error(kp[written], ek[written]) <= TOLERANCE[torch.float32]
+
+
+# ---- random layouts (hypothesis) -----------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def _steps(draw):
+    """A step: 1..4 sequences, each with 1..40 positions of which 1..all are new."""
+    b = draw(st.integers(1, 4))
+    lengths = draw(st.lists(st.integers(1, 40), min_size=b, max_size=b))
+    new = [draw(st.integers(1, n)) for n in lengths]
+    return lengths, new
+
+
+@settings(max_examples=8)
+@given(step=_steps(), hkv=st.integers(1, 2), ratio=st.sampled_from([1, 3, 4]), d=st.sampled_from([16, 24, 64]),
+       block_size=st.sampled_from([1, 4, 16, 32]), decode_kernel=st.booleans(),
+       dtype=st.sampled_from(DTYPES))
+def test_attention_random_layouts(step, hkv, ratio, d, block_size, decode_kernel, dtype):
+    lengths, new = step
+    mq = max(new) if decode_kernel and max(new) <= 16 else max(max(new), 17)
+    event, _, _ = check_case(cases.attention_case(lengths, new, hkv * ratio, hkv, d, block_size, dtype, mq),
+                             "triton")
+    assert event.variant == ("split_kv" if mq <= 16 else "prefill")
