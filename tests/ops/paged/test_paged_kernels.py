@@ -34,6 +34,23 @@ def test_decode_every_split_count(splits):
     assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_mixed_step_runs_each_sequence_once(splits):
+    """Decode tokens, a 16-token draft and prefill chunks in one step: the split kernel takes the
+    sequences with at most 16 new tokens, the prefill kernel the others, no row written twice or
+    left out (outputs start as NaN)."""
+    args = _attention_args([70, 40, 5, 33, 16], [1, 30, 3, 16, 17], 4, 2, 32, 16)
+    out = tk.launch_mixed(prepare_attention(*args, 30, None), splits=splits)
+    assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]
+
+
+def test_prefill_kernel_takes_every_sequence():
+    """The prefill kernel alone serves short sequences too (tests and tuning call it so)."""
+    args = _attention_args([40, 7, 16], [1, 4, 1], 4, 2, 32, 16)
+    out = tk.launch_prefill(prepare_attention(*args, 20, None))
+    assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]
+
+
 def test_decode_rows_past_max_query_len_tile():
     """Packed rows group x max_query_len = 40 span several 16-row blocks (float32 caps them at 16)."""
     args = _attention_args([50, 12], [5, 4], 8, 1, 16, 8)

@@ -43,8 +43,8 @@ def test_attention_matches_float64(backend, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_attention_prefill_kernel_on_decode_steps(backend):
-    """max_query_len above 16 sends even one-token sequences through the prefill kernel."""
+def test_attention_long_max_query_len_on_short_sequences(backend):
+    """max_query_len above 16 with only short sequences: the step's kernels split them right."""
     check_case(cases.attention_case([40, 7, 16], [1, 4, 1], 4, 2, 32, 16, torch.float32, max_query_len=20), backend)
 
 

@@ -222,7 +222,9 @@ def paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tenso
         max_query_len: a host int >= the most new tokens of any sequence. It picks the kernel
             (split-KV decode up to 16, tiled prefill above) and sizes the launch, so the call never
             reads a device tensor on the host: capturable in a CUDA graph, replayed with new
-            lengths and tables. Rows of a sequence with more queries than this are not computed.
+            lengths and tables. Above 16, the sequences of the step with at most 16 new tokens
+            still run the decode kernel. Rows of a sequence with more queries than
+            ``max_query_len`` are not computed.
         scale: multiplies the scores; ``1 / sqrt(D)`` by default.
 
     Returns:

@@ -10,13 +10,19 @@ zeros), so no load or store leaves the pools whatever the tables hold.
 ``decode`` (max_query_len <= 16): program (sequence x key/value head, split, row block) packs the
 ``group x max_query_len`` query rows of one key/value head into one tile, reads its slice of the
 sequence once for all of them, and writes a normalized partial output and log-sum-exp to a float32
-scratch; a second kernel merges the slices of each output row (with one split the first kernel
-writes the output itself). Slices divide the sequence's length as read on the device.
+scratch indexed by (sequence, new token, head); a second kernel merges the slices of each row
+(with one split the first kernel writes the output itself). Slices divide the sequence's length
+as read on the device.
 
 ``prefill``: program (query head x sequence, tile of BLOCK_M queries of that sequence) streams
 its sequence's keys with an online softmax: whole tiles every row sees run unmasked, the causal
 diagonal and the ragged end masked, tiles no row sees are skipped. Tiles past a sequence's own
 query count return at once (the grid is sized by ``max_query_len``, a host int).
+
+A step with ``max_query_len`` > 16 runs both: the prefill kernel for the sequences with more
+than 16 new tokens, the decode kernel (16 rows per sequence) for the others, so decode tokens
+batched beside prefill chunks keep the decode kernel's grouped-head tiles. Each kernel reads the
+counts on the device and skips the other's sequences.
 
 ``append`` / ``rotary_append``: program (token, group of heads) finds its token's sequence by a
 binary search over ``cu_seqlens`` (log2 B loads), then copies (or rotates) a (heads x D) tile into
@@ -40,7 +46,7 @@ from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
 from . import config
-from .problem import AppendCall, AttentionCall, PagedProblem, RotaryAppendCall
+from .problem import MAX_DECODE_QUERIES, AppendCall, AttentionCall, PagedProblem, RotaryAppendCall
 
 LOG2E = 1.4426950408889634
 MAX_KERNEL_HEAD_DIM = 256
@@ -111,17 +117,18 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, po_p
     i = r % mq
     head = kvh * group + g
     first = tl.load(cu_ptr + b).to(tl.int32)
-    n = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1).to(tl.int32) - first, 0), mq)
+    n = tl.maximum(tl.load(cu_ptr + b + 1).to(tl.int32) - first, 0)
+    mine = n <= mq                                             # longer sequences: the prefill kernel's
     tok = first + i
-    row_ok = (r < rows) & (i < n) & (tok >= 0) & (tok < tokens)
+    row_ok = (r < rows) & (i < n) & (tok >= 0) & (tok < tokens) & mine
     out_row = tok.to(tl.int64) * hq + head                     # row of the (T, Hq) output
-    part = out_row * num_splits + split
+    part = ((b * mq + i).to(tl.int64) * hq + head) * num_splits + split   # partials by (b, i, head)
     seqlen = tl.minimum(tl.maximum(tl.load(lens_ptr + b).to(tl.int32), 0), capacity)
     span = tl.maximum(tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N), 1) * BLOCK_N
     start = split * span
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    if start >= seqlen:   # a slice past this sequence's end: nothing to read
+    if (start >= seqlen) | (n > mq):   # a slice past this sequence's end, or a sequence for the prefill kernel
         if DIRECT:
             tl.store(o_ptr + out_row[:, None] * D + offs_d[None, :],
                      tl.zeros([BLOCK_R, BLOCK_D], tl.float32).to(o_ptr.dtype.element_ty),
@@ -164,33 +171,41 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, po_p
 
 
 @triton.jit
-def _combine_kernel(po_ptr, lse_off, o_ptr, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = False):
-    """Merge one output row's slices: weights 2^(lse - max), empty slices (lse = -inf) skipped;
-    the partial outputs are read CHUNK_S slices at a time (few registers whatever the count)."""
+def _combine_kernel(po_ptr, lse_off, o_ptr, cu_ptr, tokens, hq, mq, num_splits, D: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = False):
+    """Merge the slices of query row (sequence b, new token i, head): weights 2^(lse - max), empty
+    slices (lse = -inf) skipped, the partials read CHUNK_S slices at a time. Rows past a sequence's
+    new tokens, and sequences with more than mq of them, are left alone."""
     pdl.wait_for_previous(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    lse_row = po_ptr + lse_off + row * num_splits
-    s_all = tl.arange(0, BLOCK_S)
-    lse = tl.load(lse_row + s_all, mask=s_all < num_splits, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.sum(tl.exp2(lse - m), axis=0)
-    offs_d = tl.arange(0, BLOCK_D)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for c in range(0, num_splits, CHUNK_S):
-        s = c + tl.arange(0, CHUNK_S)
-        lse_c = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
-        used = lse_c > float("-inf")
-        o = tl.load(po_ptr + (row * num_splits + s)[:, None] * D + offs_d[None, :],
-                    mask=used[:, None] & (offs_d < D)[None, :], other=0.0)
-        acc += tl.sum(tl.exp2(lse_c - m)[:, None] * o, axis=0)
-    out = acc / tl.where(total == 0.0, 1.0, total)
-    tl.store(o_ptr + row * D + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
+    slot = tl.program_id(0).to(tl.int64)
+    head = slot % hq
+    i = (slot // hq) % mq
+    b = slot // (hq * mq)
+    first = tl.load(cu_ptr + b).to(tl.int64)
+    n = tl.load(cu_ptr + b + 1).to(tl.int64) - first
+    tok = first + i
+    if (i < n) & (n <= mq) & (tok >= 0) & (tok < tokens):
+        lse_row = po_ptr + lse_off + slot * num_splits
+        s_all = tl.arange(0, BLOCK_S)
+        lse = tl.load(lse_row + s_all, mask=s_all < num_splits, other=float("-inf"))
+        m = tl.max(lse, axis=0)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        total = tl.sum(tl.exp2(lse - m), axis=0)
+        offs_d = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for c in range(0, num_splits, CHUNK_S):
+            s = c + tl.arange(0, CHUNK_S)
+            lse_c = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
+            used = lse_c > float("-inf")
+            o = tl.load(po_ptr + (slot * num_splits + s)[:, None] * D + offs_d[None, :],
+                        mask=used[:, None] & (offs_d < D)[None, :], other=0.0)
+            acc += tl.sum(tl.exp2(lse_c - m)[:, None] * o, axis=0)
+        out = acc / tl.where(total == 0.0, 1.0, total)
+        tl.store(o_ptr + (tok * hq + head) * D + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, o_ptr, tokens, hq, group, capacity,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, o_ptr, tokens, hq, group, min_n, capacity,
                     max_blocks, num_blocks, qk_scale, q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_st, o_sh,
                     BS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, SCALE_POS: tl.constexpr,
@@ -203,7 +218,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, o_ptr, to
     kvh = h // group
     first = tl.load(cu_ptr + b).to(tl.int32)
     n = tl.maximum(tl.load(cu_ptr + b + 1).to(tl.int32) - first, 0)
-    if pid_m * BLOCK_M < n:
+    if (pid_m * BLOCK_M < n) & (n >= min_n):
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
@@ -368,26 +383,24 @@ def _log_b(batch: int) -> int:
     return max(batch - 1, 0).bit_length()
 
 
-def launch_decode(call: AttentionCall, splits: Optional[int] = None) -> torch.Tensor:
-    """Split-KV decode over the pages (split kernel, then merge unless one split); ``splits``
-    overrides the count (tests, tuning)."""
+def _decode_into(call: AttentionCall, out: torch.Tensor, mq: int, splits: Optional[int] = None) -> None:
+    """Run the split kernel (and the merge unless one split) for the sequences with at most ``mq``
+    new tokens, writing their rows of ``out``."""
     p = call.problem
     q, kp, vp = call.q, call.k_pages, call.v_pages
-    out = alloc.empty((p.tokens, p.q_heads, p.head_dim), q.dtype, q.device)
-    mq = p.max_query_len
     rows = p.group * mq
     br, bn, nw, ns = config.decode_config(p.head_dim, q.element_size(), rows, triton_interpreting())
     row_blocks = cdiv(rows, br)
     if splits is None:
         splits = config.decode_splits(p.batch, p.kv_heads, row_blocks, p.capacity, _sms(q), bn)
     splits = max(1, min(splits, config.MAX_SPLITS, cdiv(max(p.capacity, 1), bn)))
-    n_rows = p.tokens * p.q_heads
+    slots = p.batch * mq * p.q_heads          # query rows by (sequence, new token, head)
     direct = splits == 1
     if direct:
         part, lse_off = out, 0
     else:   # one scratch: partial outputs, then their log-sum-exps
-        lse_off = n_rows * splits * p.head_dim
-        part = torch.empty((lse_off + n_rows * splits,), dtype=torch.float32, device=q.device)
+        lse_off = slots * splits * p.head_dim
+        part = torch.empty((lse_off + slots * splits,), dtype=torch.float32, device=q.device)
     dot_f32, ieee = _dot_flags(q.dtype)
     block_d = config.head_block(p.head_dim)
     dependent = pdl.on(q.device)
@@ -401,34 +414,61 @@ def launch_decode(call: AttentionCall, splits: Optional[int] = None) -> torch.Te
     if not direct:
         block_s = 16 if splits <= 16 else config.MAX_SPLITS   # two compiled variants whatever the count
         warps = 1 if block_d <= 64 else 2 if block_d <= 128 else 4
-        _combine((n_rows,), (part, lse_off, out, splits, p.head_dim, block_d, block_s, 16, dependent),
+        _combine((slots,), (part, lse_off, out, call.cu_seqlens, p.tokens, p.q_heads, mq, splits, p.head_dim,
+                            block_d, block_s, 16, dependent),
                  num_warps=warps, num_stages=2)
-    return out
 
 
-def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: Optional[int] = None,
-                   num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> torch.Tensor:
-    """The tiled prefill kernel over the pages; keyword arguments override its configuration."""
+def _prefill_into(call: AttentionCall, out: torch.Tensor, min_n: int, block_m: Optional[int] = None,
+                  block_n: Optional[int] = None, num_warps: Optional[int] = None,
+                  num_stages: Optional[int] = None) -> None:
+    """Run the prefill kernel for the sequences with at least ``min_n`` new tokens."""
     p = call.problem
     q, kp, vp = call.q, call.k_pages, call.v_pages
-    out = alloc.empty((p.tokens, p.q_heads, p.head_dim), q.dtype, q.device)
     cfg = config.prefill_config(p.head_dim, q.element_size(), triton_interpreting())
     bm, bn, nw, ns = (block_m or cfg[0], block_n or cfg[1], num_warps or cfg[2], num_stages or cfg[3])
     dot_f32, ieee = _dot_flags(q.dtype)
     grid = (p.batch * p.q_heads, cdiv(p.max_query_len, bm))
     _prefill(grid, (q, kp, vp, call.block_tables, call.cache_seqlens, call.cu_seqlens, out, p.tokens, p.q_heads,
-                    p.group, p.capacity, p.max_blocks, p.num_blocks, call.scale * LOG2E,
+                    p.group, min_n, p.capacity, p.max_blocks, p.num_blocks, call.scale * LOG2E,
                     q.stride(0), q.stride(1), kp.stride(0), kp.stride(1), kp.stride(2),
                     vp.stride(0), vp.stride(1), vp.stride(2), out.stride(0), out.stride(1),
                     p.block_size, p.head_dim, config.head_block(p.head_dim), bm, bn, dot_f32, ieee, call.scale > 0,
                     pdl.on(q.device)),
             num_warps=nw, num_stages=ns)
+
+
+def _output(call: AttentionCall) -> torch.Tensor:
+    p = call.problem
+    return alloc.empty((p.tokens, p.q_heads, p.head_dim), call.q.dtype, call.q.device)
+
+
+def launch_decode(call: AttentionCall, splits: Optional[int] = None) -> torch.Tensor:
+    """The split-KV kernel for every sequence (at most ``max_query_len`` <= 16 new tokens each);
+    ``splits`` overrides the slice count (tests, tuning)."""
+    out = _output(call)
+    _decode_into(call, out, call.problem.max_query_len, splits)
     return out
 
 
-def launch_attention(call: AttentionCall) -> torch.Tensor:
-    """The decode kernel for few new tokens per sequence, the prefill kernel otherwise."""
-    return launch_decode(call) if call.problem.decode else launch_prefill(call)
+def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: Optional[int] = None,
+                   num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> torch.Tensor:
+    """The prefill kernel for every sequence, whatever its number of new tokens (tests, tuning);
+    keyword arguments override its configuration."""
+    out = _output(call)
+    _prefill_into(call, out, 0, block_m, block_n, num_warps, num_stages)
+    return out
+
+
+def launch_mixed(call: AttentionCall, splits: Optional[int] = None) -> torch.Tensor:
+    """A step with long chunks (``max_query_len`` > 16): the prefill kernel for the sequences with
+    more than 16 new tokens and the split-KV kernel for the others (decode tokens beside prefill
+    chunks), each reading the counts on the device and leaving the other kernel's sequences alone;
+    ``splits`` overrides the split kernel's slice count."""
+    out = _output(call)
+    _decode_into(call, out, MAX_DECODE_QUERIES, splits)
+    _prefill_into(call, out, MAX_DECODE_QUERIES + 1)
+    return out
 
 
 def launch_append(call: AppendCall) -> None:
@@ -488,8 +528,9 @@ VARIANTS = {
     "paged_attention": (
         ("split_kv", _decode_reason, launch_decode,
          "split-KV decoding over pages: each slice read once per head group, partials merged"),
-        ("prefill", _reason, launch_prefill,
-         "tiled flash attention over pages: Q tile per sequence vs streamed key tiles, causal tiles skipped"),
+        ("prefill", _reason, launch_mixed,
+         "tiled flash attention over pages for chunks of more than 16 tokens (Q tile vs streamed key tiles, "
+         "causal tiles skipped), split-KV for the step's other sequences"),
     ),
     "paged_kv_cache_append": (
         ("scatter", _reason, launch_append, "one program per token: its (heads x D) rows into its slot"),
