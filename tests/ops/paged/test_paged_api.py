@@ -172,3 +172,21 @@ def test_a_known_signature_still_checks_values():
     opforge.paged_rotary_kv_cache_append(q, k, v, kp, vp, tables, lens, cu, cos[:8], sin[:8])
     _refuses(IndexError, r"positions must be in \[0, 8\)", opforge.paged_rotary_kv_cache_append, q, k, v, kp, vp,
              tables, torch.tensor([4, 8], dtype=I32), cu, cos[:8], sin[:8], pools=(kp, vp))
+
+
+def test_custom_ops_pass_torch_library_opcheck():
+    from opforge.ops.rotary.cases import rope_tables
+
+    layout = cases.make_layout([20, 9], [2, 9], 8, share=False)
+    kp, vp = torch.randn(layout.num_blocks, 8, 2, 16), torch.randn(layout.num_blocks, 8, 2, 16)
+    q, k, v = torch.randn(11, 4, 16), torch.randn(11, 2, 16), torch.randn(11, 2, 16)
+    before = torch.tensor([18, 0], dtype=I32)
+    after = before + torch.tensor([2, 9], dtype=I32)
+    cos, sin = rope_tables(64, 16, "cpu")
+    t, cu = layout.block_tables, layout.cu_seqlens
+    checks = [(torch.ops.opforge.paged_attention.default, (q, kp, vp, t, after, cu), {"max_query_len": 9}),
+              (torch.ops.opforge.paged_kv_cache_append.default, (kp, vp, k, v, t, before, cu), {}),
+              (torch.ops.opforge.paged_rotary_kv_cache_append.default, (q, k, v, kp, vp, t, before, cu, cos, sin), {})]
+    for op, args, kwargs in checks:
+        result = torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_faketensor"))
+        assert set(result.values()) == {"SUCCESS"}, result
