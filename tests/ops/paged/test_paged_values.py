@@ -173,3 +173,22 @@ def test_attention_random_layouts(step, hkv, ratio, d, block_size, decode_kernel
     event, _, _ = check_case(cases.attention_case(lengths, new, hkv * ratio, hkv, d, block_size, dtype, mq),
                              "triton")
     assert event.variant == ("split_kv" if mq <= 16 else "prefill")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int64_index_tensors(backend):
+    """Tables, lengths and cu_seqlens may be int64 (the kernels read either width)."""
+    for new in ([1, 2, 17], [1, 2, 3]):                   # the prefill and split kernels, the decode one
+        case = cases.attention_case([33, 16, 25], new, 4, 2, 32, 8, torch.float32)
+        args, kwargs = case.make(DEVICE)
+        wide = args[:3] + tuple(a.long() for a in args[3:])
+        with opforge.backend(backend):
+            out = opforge.paged_attention(*wide, **kwargs)
+        assert max_rel_error(out, case.oracle(args, kwargs)) <= TOLERANCE[torch.float32]
+    append = cases.append_case([33, 16, 25], [1, 2, 17], 2, 32, 8, torch.float32)
+    args, _ = append.make(DEVICE)
+    kp, vp, k, v, tables, lens, cu, k0, v0 = args
+    with opforge.backend(backend):
+        opforge.paged_kv_cache_append(kp, vp, k, v, tables.long(), lens.long(), cu.long())
+    ek, ev = append.oracle(args, {})
+    assert torch.equal(kp.double(), ek) and torch.equal(vp.double(), ev)
