@@ -43,8 +43,9 @@ class PagedLayout:
         """(num_blocks, block_size) bool: slots holding one of the first ``lengths[b]`` positions of some b."""
         owned = torch.zeros(self.num_blocks * self.block_size, dtype=torch.bool)
         for b, length in enumerate(lengths):
-            for p in range(length):
-                owned[int(self.block_tables[b, p // self.block_size]) * self.block_size + p % self.block_size] = True
+            pos = torch.arange(length)
+            blocks = self.block_tables[b].long()[pos // self.block_size]
+            owned[blocks * self.block_size + pos % self.block_size] = True
         return owned.view(self.num_blocks, self.block_size)
 
 
