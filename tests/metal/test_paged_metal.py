@@ -111,3 +111,11 @@ def test_unmutated_source_passes_the_mutant_check(tmp_path, monkeypatch):
     args, ref = _attention_inputs([33, 16, 5, 48], [1, 2, 5, 17], 4, 2, 32, 16)
     out = paged_metal.launch_attention(prepare_attention(*args, 17, None))
     assert max_rel_error(out, ref) <= TOLERANCE[torch.float32]
+
+
+def test_int64_index_tensors():
+    """int64 tables, lengths and cu_seqlens are bound as int32 copies (a device op, no host read)."""
+    args, ref = _attention_inputs([40, 7, 20], [1, 2, 17], 4, 2, 32, 8)
+    wide = args[:3] + tuple(a.long() for a in args[3:])
+    out = paged_metal.launch_attention(prepare_attention(*wide, 17, None))
+    assert max_rel_error(out, ref) <= TOLERANCE[torch.float32]
