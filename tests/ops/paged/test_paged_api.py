@@ -190,3 +190,12 @@ def test_custom_ops_pass_torch_library_opcheck():
     for op, args, kwargs in checks:
         result = torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_faketensor"))
         assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_explain_every_op():
+    kp, vp, k, v, tables, lens, cu = _setup()
+    q, cos, sin = torch.randn(4, 4, 8), torch.randn(16, 4), torch.randn(16, 4)
+    append = str(opforge.explain("paged_kv_cache_append", kp, vp, k, v, tables, lens, cu, check=False))
+    rotary = str(opforge.explain("paged_rotary_kv_cache_append", q, k, v, kp, vp, tables, lens, cu, cos, sin,
+                                 positions=torch.zeros(4, dtype=I32), interleaved=True))
+    assert "paged_kv_cache_append on T=4 B=2" in append and "R=8 interleaved" in rotary

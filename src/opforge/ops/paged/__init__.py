@@ -51,17 +51,21 @@ def _torch_launch(call):
 
 
 def _problem_builder(op: str):
-    def build(*args, **kwargs):
-        kwargs.pop("check", None)
-        if op == "paged_attention":
-            return prepare_attention(*args[:6], kwargs["max_query_len"], kwargs.get("scale")).problem
-        if op == "paged_rotary_kv_cache_append":
-            full = list(args) + [None] * (11 - len(args))
-            return prepare_rotary_append(*full[:11], kwargs.get("interleaved", False),
-                                         kwargs.get("inplace", False)).problem
-        return prepare_append(*args).problem
+    """``explain``'s problem for an op, from the op's own arguments."""
+    def append(k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens, *, check=None):
+        return prepare_append(k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens).problem
 
-    return build
+    def rotary_append(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, cos, sin, positions=None, *,
+                      interleaved=False, inplace=False, check=None):
+        return prepare_rotary_append(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, cos, sin,
+                                     positions, interleaved, inplace).problem
+
+    def attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, *, max_query_len, scale=None):
+        return prepare_attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, max_query_len,
+                                 scale).problem
+
+    return {"paged_kv_cache_append": append, "paged_rotary_kv_cache_append": rotary_append,
+            "paged_attention": attention}[op]
 
 
 def _register() -> None:
