@@ -127,6 +127,7 @@ def test_explain_names_the_variant():
     assert "paged_attention" in text and "chosen: torch.reference" in text
 
 
+@pytest.mark.cpu_only
 def test_torch_compile_fullgraph_matches_eager():
     """All three ops are single graph nodes under torch.compile (the in-place rotary too)."""
     from opforge.ops.rotary.cases import rope_tables
@@ -174,6 +175,7 @@ def test_a_known_signature_still_checks_values():
              tables, torch.tensor([4, 8], dtype=I32), cu, cos[:8], sin[:8], pools=(kp, vp))
 
 
+@pytest.mark.cpu_only
 def test_custom_ops_pass_torch_library_opcheck():
     from opforge.ops.rotary.cases import rope_tables
 
