@@ -201,3 +201,12 @@ def test_explain_every_op():
     rotary = str(opforge.explain("paged_rotary_kv_cache_append", q, k, v, kp, vp, tables, lens, cu, cos, sin,
                                  positions=torch.zeros(4, dtype=I32), interleaved=True))
     assert "paged_kv_cache_append on T=4 B=2" in append and "R=8 interleaved" in rotary
+
+
+def test_tokens_without_sequences_are_refused_by_shape():
+    """B = 0 with T > 0 is refused from the shapes alone (so on a GPU too): no kernel could place them."""
+    kp, vp = torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)
+    none = torch.zeros(0, 2, dtype=I32), torch.zeros(0, dtype=I32), torch.zeros(1, dtype=I32)
+    _refuses(ValueError, "no sequence", opforge.paged_kv_cache_append, kp, vp, torch.ones(2, 2, 8),
+             torch.ones(2, 2, 8), *none, pools=(kp, vp))
+    _refuses(ValueError, "no sequence", opforge.paged_attention, torch.ones(2, 4, 8), kp, vp, *none, max_query_len=1)
