@@ -42,7 +42,7 @@ def _normal(shape: Shape, dtype: torch.dtype, device: torch.device, g: torch.Gen
 
 def _shuffled_tables(batch: int, blocks_per_seq: int, device: torch.device, g: torch.Generator) -> torch.Tensor:
     """(B, blocks_per_seq) int32: every block of the pool used once, in random order."""
-    perm = torch.randperm(batch * blocks_per_seq, generator=g, device="cpu")
+    perm = torch.randperm(batch * blocks_per_seq, generator=g, device=g.device)
     return perm.view(batch, blocks_per_seq).to(device=device, dtype=torch.int32)
 
 
