@@ -104,7 +104,7 @@ def dense_note(config: ModelConfig, quantize: Optional[str], group_size: int, qu
 
     Example:
         >>> from opforge.models.config import parse_config
-        >>> c = parse_config({"model_type": "llama", "hidden_size": 96, "intermediate_size": 192,
+        >>> c = parse_config({"model_type": "llama", "hidden_size": 96, "intermediate_size": 256,
         ...                   "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10})
         >>> print(dense_note(c, "int8", 128, False))
         --quantize int8 --group-size 128 leaves these projections dense (their input dimension is not a multiple of 128): q|k|v (96), o (96), gate|up (96); --group-size 32 quantizes them all
