@@ -41,3 +41,36 @@ def launch_log(monkeypatch):
     (see ``record_launches``)."""
     log = []
     return log, lambda launchers: record_launches(monkeypatch, launchers, log)
+
+
+def _emulate_metal(monkeypatch) -> None:
+    """Run Metal kernels on CPU tensors in the MSL emulator (tests/metal_emu) for this test."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import metal_emu
+    from opforge.runtime import metal as metal_runtime, registry
+    if not metal_emu.available():
+        pytest.skip("the Metal emulator needs g++ (C++20)")
+    metal_runtime.set_emulator(metal_emu.compile_shader)
+    monkeypatch.setenv("OPFORGE_METAL_EMULATE", "1")
+    registry.clear_cache()
+
+
+#: Every backend a test can run here: the torch path and Triton (on the GPU, or in the interpreter
+#: without one), and Metal in the MSL emulator (marked ``emulator``: scripts/gpu_test.sh leaves it out).
+EVERY_BACKEND = [pytest.param("torch"), pytest.param("triton"),
+                 pytest.param("metal", marks=pytest.mark.emulator)]
+
+
+@pytest.fixture(params=EVERY_BACKEND)
+def every_backend(request, monkeypatch):
+    """The backend name, with the Metal emulator set up (and the registry's choices forgotten
+    before and after) when it is ``"metal"``."""
+    if request.param == "metal":
+        from opforge.runtime import registry
+        _emulate_metal(monkeypatch)
+        yield "metal"
+        registry.clear_cache()
+    else:
+        yield request.param
