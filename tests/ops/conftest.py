@@ -43,8 +43,9 @@ def launch_log(monkeypatch):
     return log, lambda launchers: record_launches(monkeypatch, launchers, log)
 
 
-def _emulate_metal(monkeypatch) -> None:
-    """Run Metal kernels on CPU tensors in the MSL emulator (tests/metal_emu) for this test."""
+@pytest.fixture
+def emulate(monkeypatch):
+    """Run Metal kernels on CPU tensors through the MSL emulator (tests/metal_emu) for this test."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,6 +56,8 @@ def _emulate_metal(monkeypatch) -> None:
     metal_runtime.set_emulator(metal_emu.compile_shader)
     monkeypatch.setenv("OPFORGE_METAL_EMULATE", "1")
     registry.clear_cache()
+    yield metal_emu
+    registry.clear_cache()
 
 
 #: Every backend a test can run here: the torch path and Triton (on the GPU, or in the interpreter
@@ -64,13 +67,8 @@ EVERY_BACKEND = [pytest.param("torch"), pytest.param("triton"),
 
 
 @pytest.fixture(params=EVERY_BACKEND)
-def every_backend(request, monkeypatch):
-    """The backend name, with the Metal emulator set up (and the registry's choices forgotten
-    before and after) when it is ``"metal"``."""
+def every_backend(request):
+    """The backend name; for ``"metal"`` with the Metal emulator set up (the ``emulate`` fixture)."""
     if request.param == "metal":
-        from opforge.runtime import registry
-        _emulate_metal(monkeypatch)
-        yield "metal"
-        registry.clear_cache()
-    else:
-        yield request.param
+        request.getfixturevalue("emulate")
+    return request.param
