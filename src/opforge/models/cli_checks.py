@@ -109,7 +109,7 @@ def dense_note(config: ModelConfig, quantize: Optional[str], group_size: int, qu
         >>> print(dense_note(c, "int8", 128, False))
         --quantize int8 --group-size 128 leaves these projections dense (their input dimension is not a multiple of 128): q|k|v (96), o (96), gate|up (96); --group-size 32 quantizes them all
     """
-    if quantize is None or group_size == -1:
+    if quantize not in ("int8", "int4") or group_size == -1:     # nothing quantized here, or one group per row
         return None
     inputs = {"q|k|v": config.hidden_size, "o": config.num_heads * config.head_dim,
               "gate|up": config.hidden_size, "down": config.intermediate_size}
