@@ -278,7 +278,7 @@ def test_opinfo_samples_match_torch_or_are_refused_clearly(name, label, mapping,
             what = f"{label} sample {index} ({variant or 'default'}, input {tuple(sample[0].shape)}, " \
                    f"{[tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in sample[1]]}, " \
                    f"{ {k: tuple(v.shape) if isinstance(v, torch.Tensor) else v for k, v in sample[2].items()} }) " \
-                   f"on {every_backend} in {dtype}, call {call + 1}"
+                   f"on {every_backend} in {dtype}, {('first', 'second')[call]} run"
             try:
                 mapped = mapping(*sample, dtype)
             except NotExpressible:
