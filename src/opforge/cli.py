@@ -5,6 +5,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from .runtime import registry
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``opforge`` command line; returns the exit status.
@@ -23,9 +25,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="opforge", description="Verified, fast GPU kernels for transformer inference.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="describe the devices and backends on this machine")
-    verify = sub.add_parser("verify", help="check every op on every available backend against float64")
-    verify.add_argument("--ops", help="comma-separated op names (default: all)")
-    verify.add_argument("--quick", action="store_true", help="fewer shapes")
+    verify = sub.add_parser(
+        "verify", help="check every op on every available backend against float64",
+        description="Run every op on every backend this machine has (Triton on a GPU or in its interpreter, "
+                    "Metal on an Apple GPU or in the MSL emulator, the torch path) over a grid of shapes and "
+                    "dtypes, compare each result with the float64 torch reference, and print one row per case. "
+                    "Exit status 1 if any case fails.",
+        epilog=f"op names for --ops: {', '.join(registry.ops())}")
+    verify.add_argument("--ops", metavar="OP[,OP...]",
+                        help="comma-separated op names, listed below (default: all)")
+    verify.add_argument("--quick", action="store_true", help="fewer shapes and dtypes per op (default: all)")
     sub.add_parser("bench", help="benchmark opforge against its peers (see `opforge bench --help`)")
     sub.add_parser("generate", help="generate text with a Llama-family checkpoint (see `opforge generate --help`)")
     args = parser.parse_args(argv)

@@ -33,9 +33,11 @@ def test_one_trace_event_per_call(backend):
 
 def test_trace_variant_of_a_tiled_kernel_and_of_split_outputs():
     f = fuse(lambda x, b: (x + b, b * 2))
+    x, b = randn(4, 8), randn(8)
     with opforge.backend("triton"), opforge.trace() as t:
-        a, b2 = f(randn(4, 8), randn(8))
+        a, b2 = f(x, b)
     assert a.shape == (4, 8) and b2.shape == (8,)
+    assert torch.equal(a, x + b) and torch.equal(b2, b * 2)     # each output from its own kernel, right values
     assert len(t) == 1 and t[0].variant == "tiled+flat" and "2 kernels" in t[0].note
 
 

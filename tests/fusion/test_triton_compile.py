@@ -97,7 +97,19 @@ def test_every_operation_compiles(ptx_of):
         return c, m, x.to(torch.bfloat16), x.int(), where(m, 1.0, float("-inf")), exp(s) * x, F.gelu(s) + x, k
     args = (torch.randn(8, 32), torch.randn(32), 0.5, 3, True, torch.randint(-4, 4, (8, 32), dtype=torch.int32),
             torch.rand(32) > 0.5)
-    ptx_of(fuse(everything), args)
+    fused = fuse(everything)
+    ptx_of(fused, args)
+    with opforge.backend("triton"):          # and the kernel's values (interpreter) are torch's
+        got = fused(*args)
+    want = everything(args[0], args[1], torch.tensor(args[2]), *args[3:])   # eager torch: F.gelu needs a tensor
+    assert len(got) == len(want)
+    for index, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and g.shape == w.shape, index
+        if g.is_floating_point():   # bfloat16: the interpreter truncates where torch rounds (one unit)
+            rtol = 2.0 ** -7 if g.dtype == torch.bfloat16 else 1e-5
+            assert torch.allclose(g.double(), w.double(), rtol=rtol, atol=1e-6, equal_nan=True), index
+        else:
+            assert torch.equal(g, w), index
 
 
 def test_strided_three_d_and_int64_indexing_compile(ptx_of):

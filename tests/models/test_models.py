@@ -190,6 +190,19 @@ def test_quantized_models_run_close_to_dense():
     m4 = tiny_decoder(quantize="int4", max_seq_len=32, group_size=32)
     assert rel_error(m4.forward(ids), full.forward(ids)) < 0.5
     assert len(m4.generate([1, 2, 3], 4)[0]) == 4
+    # the oracle for a quantized model: the dense model with the weights it was given (dequantized)
+    for quantized in (m, m4):
+        assert rel_error(quantized.forward(ids), _dequantized_twin(quantized).forward(ids)) < 1e-5
+
+
+def _dequantized_twin(model):
+    """A dense float32 model whose projections are ``model``'s quantized weights, dequantized."""
+    twin = tiny_decoder(max_seq_len=32)
+    for ours, theirs in zip(twin.layers, model.layers):
+        for name in ("qkv", "o", "gate_up", "down"):
+            w = getattr(theirs, name)
+            setattr(ours, name, w.dequantize(torch.float32) if hasattr(w, "dequantize") else w)
+    return twin
 
 
 def test_quantize_head_quantizes_a_copy_of_the_tied_embedding():

@@ -33,3 +33,15 @@ def test_verify_quick_passes_and_prints_table(capsys):
     out = capsys.readouterr().out
     assert "triton" in out and "pass" in out and "FAIL" not in out
     assert "layer_norm" in out and "add_rms_norm" in out and "rms_norm " not in out.replace("add_rms_norm", "")
+
+
+def test_verify_help_describes_the_command_and_lists_the_op_names(capsys):
+    import pytest
+    from opforge.runtime import registry
+    with pytest.raises(SystemExit) as exited:
+        main(["verify", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "compare each result with the float64 torch reference" in text
+    names = text.split("op names for --ops: ")[1].split(", ")
+    assert names == registry.ops() and "rms_norm" in names and "decode_attention" in names

@@ -4,10 +4,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections import Counter
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 import torch
+
+from .cli_checks import GROUP_SIZES, check_length, check_numbers, check_token_ids, dense_note, read_config
+from .config import UnsupportedModelError
 
 
 def _tokenizer(model_dir: str):
@@ -19,8 +23,67 @@ def _tokenizer(model_dir: str):
     return Tokenizer.from_file(path) if os.path.exists(path) else None
 
 
+class _UsageError(Exception):
+    """A command line argparse cannot parse (raised instead of argparse's exit, to print one line)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:   # argparse prints usage and exits; say it in one line
+        raise _UsageError(message)
+
+
+def _fail(message: str) -> int:
+    print(f"opforge generate: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="opforge generate",
+                     description="Generate text with a Llama/Mistral/Qwen2/Qwen3 checkpoint: stream the new "
+                                 "tokens, then print the speed, the memory and the kernels that ran.")
+    parser.add_argument("model_dir", metavar="MODEL_DIR",
+                        help="a Hugging Face layout directory: config.json and *.safetensors "
+                             "(and tokenizer.json for --prompt)")
+    parser.add_argument("--prompt", default="",
+                        help="the prompt as text (needs the `tokenizers` package and MODEL_DIR/tokenizer.json)")
+    parser.add_argument("--prompt-ids", metavar="IDS",
+                        help="the prompt as comma-separated token ids in [0, vocab_size), instead of --prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                        help="tokens to generate, >= 1; generation also stops at the model's end-of-sequence "
+                             "token (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="sampling temperature, >= 0; 0 is greedy (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, metavar="K",
+                        help="with --temperature > 0: sample among the K most likely tokens, K >= 1 (default: all)")
+    parser.add_argument("--top-p", type=float, metavar="P",
+                        help="with --temperature > 0: sample among the most likely tokens whose probabilities "
+                             "add up to P, in (0, 1] (default: 1, all)")
+    parser.add_argument("--quantize", choices=["int8", "int4"],
+                        help="quantize the layers' projections (embedding, norms and output head stay dense; "
+                             "default: none, the checkpoint's weights in the device's dtype)")
+    parser.add_argument("--group-size", type=int, default=128, choices=GROUP_SIZES, metavar="G",
+                        help="with --quantize: input channels per scale, one of 32, 64, 128, or -1 for one group "
+                             "per row; a projection whose input dimension G does not divide stays dense, and "
+                             "generate says so (default: %(default)s)")
+    parser.add_argument("--quantize-head", action="store_true",
+                        help="with --quantize, also quantize the output head (default: dense)")
+    parser.add_argument("--max-seq-len", type=int, default=4096, metavar="L",
+                        help="the longest prompt + new tokens accepted; the KV cache is sized for the request, "
+                             "at most L (default: %(default)s)")
+    parser.add_argument("--device", metavar="DEVICE",
+                        help="cpu, cuda, cuda:N or mps (default: CUDA, then MPS, then CPU)")
+    parser.add_argument("--no-graphs", action="store_true",
+                        help="on CUDA, run the decode step eagerly instead of replaying a CUDA graph "
+                             "(default: graphs on CUDA)")
+    parser.add_argument("--readback", type=int, default=1, metavar="N",
+                        help="decode steps between reads of the new tokens, >= 1 (MPS: >1 overlaps the host's "
+                             "work with the GPU's; unmeasured) (default: %(default)s)")
+    return parser
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run ``opforge generate``; returns the exit status.
+    """Run ``opforge generate``; returns the exit status (2, with a one-line reason on stderr, for
+    a bad argument: every argument is checked before the model loads).
 
     Example:
         >>> from opforge.models.cli import main
@@ -31,50 +94,55 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         >>> status, "tokens/s" in printed.getvalue()
         (0, True)
     """
-    parser = argparse.ArgumentParser(prog="opforge generate", description=__doc__)
-    parser.add_argument("model_dir")
-    parser.add_argument("--prompt", default="", help="text (needs the `tokenizers` package and tokenizer.json)")
-    parser.add_argument("--prompt-ids", help="comma-separated token ids instead of text")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--quantize", choices=["int8", "int4"])
-    parser.add_argument("--quantize-head", action="store_true", help="with --quantize, also the output head")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int)
-    parser.add_argument("--top-p", type=float)
-    parser.add_argument("--max-seq-len", type=int, default=4096)
-    parser.add_argument("--device")
-    parser.add_argument("--no-graphs", action="store_true", help="run the decode step eagerly on CUDA")
-    parser.add_argument("--readback", type=int, default=1,
-                        help="decode steps between reads of the new tokens (MPS: >1 overlaps; unmeasured)")
-    args = parser.parse_args(argv)
-
-    import opforge
-    from .loader import load
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        return _fail(str(exc))
+    problem = check_numbers(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.max_seq_len,
+                            args.readback)
+    if problem:
+        return _fail(problem)
     if not args.prompt and not args.prompt_ids:
-        print("error: give a prompt: --prompt TEXT (with the `tokenizers` package and MODEL_DIR/tokenizer.json) "
-              "or --prompt-ids 1,2,3", file=sys.stderr)
-        return 2
-    if args.readback < 1:
-        print(f"error: --readback takes a number of decode steps >= 1, got {args.readback}", file=sys.stderr)
-        return 2
+        return _fail("give a prompt: --prompt TEXT (with the `tokenizers` package and MODEL_DIR/tokenizer.json) "
+                     "or --prompt-ids 1,2,3")
+    import opforge
+    try:
+        opforge.device_config(args.device)
+    except (ValueError, RuntimeError) as exc:
+        return _fail(f"--device {args.device}: {str(exc).splitlines()[0]}")
+    config, problem = read_config(args.model_dir)
+    if config is None:
+        return _fail(problem)
     tok = _tokenizer(args.model_dir)
     if args.prompt_ids:
         try:
             ids = [int(t) for t in args.prompt_ids.split(",")]
         except ValueError:
-            print(f"error: --prompt-ids takes comma-separated integers, got {args.prompt_ids!r}", file=sys.stderr)
-            return 2
+            return _fail(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}")
     elif tok is None:
-        print("error: --prompt needs the `tokenizers` package and MODEL_DIR/tokenizer.json "
-              "(pip install tokenizers), or pass --prompt-ids", file=sys.stderr)
-        return 2
+        return _fail("--prompt needs the `tokenizers` package and MODEL_DIR/tokenizer.json "
+                     "(pip install tokenizers), or pass --prompt-ids")
     else:
         ids = tok.encode(args.prompt).ids
         if not ids:
-            print(f"error: the tokenizer turned --prompt {args.prompt!r} into no tokens", file=sys.stderr)
-            return 2
-    model = load(args.model_dir, device=args.device, quantize=args.quantize, quantize_head=args.quantize_head,
-                 max_seq_len=min(args.max_seq_len, len(ids) + args.max_new_tokens + 1))
+            return _fail(f"the tokenizer turned --prompt {args.prompt!r} into no tokens")
+    problem = check_token_ids(ids, config.vocab_size, "--prompt-ids" if args.prompt_ids else "--prompt") or \
+        check_length(len(ids), args.max_new_tokens, args.max_seq_len)
+    if problem:
+        return _fail(problem)
+    note = dense_note(config, args.quantize, args.group_size, args.quantize_head)
+    if note:
+        print(f"opforge generate: note: {note}", file=sys.stderr)
+    from .loader import load
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"quantize=.* stay dense")   # said above, with advice
+            model = load(args.model_dir, device=args.device, quantize=args.quantize, group_size=args.group_size,
+                         quantize_head=args.quantize_head,
+                         max_seq_len=min(args.max_seq_len, len(ids) + args.max_new_tokens + 1))
+    except (UnsupportedModelError, opforge.SafetensorsError, FileNotFoundError) as exc:
+        print(f"opforge generate: error: {exc}", file=sys.stderr)
+        return 1
     if model.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(model.device)
     produced: list[int] = []

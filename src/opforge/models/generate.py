@@ -130,6 +130,24 @@ def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
 
+def _check_request(prompts: list[list[int]], vocab_size: int, max_new_tokens: int, temperature: float,
+                   top_k: Optional[int], top_p: Optional[float]) -> None:
+    """Raise ``ValueError`` naming the argument for ids outside the vocabulary or sampling
+    settings out of range (a negative id would read the embedding table from its end)."""
+    for p in prompts:
+        bad = [t for t in p if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
+
+
 def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
              max_new_tokens: int, *, temperature: float = 0.0, top_k: Optional[int] = None,
              top_p: Optional[float] = None, stop_ids: Sequence[int] = (),
@@ -165,6 +183,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
     b = len(prompts)
     if b == 0 or min(len(p) for p in prompts) == 0:
         raise ValueError("input_ids: every prompt needs at least one token")
+    _check_request(prompts, model.config.vocab_size, max_new_tokens, temperature, top_k, top_p)
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens > model.max_seq_len:
         raise ValueError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len "

@@ -237,3 +237,13 @@ def test_random_shapes_layouts_dtypes(op, lead, n, scalar, dtype, layout, approx
 def test_gpu_large_shapes(op, dtype, shape):
     event, _, _ = check(cases.make_case(op, shape, dtype))
     assert event.device.startswith("cuda")
+
+
+# The large GPU shapes' code paths at interpreter sizes: rows as long as theirs (many programs per
+# row, a ragged last block), fewer of them.
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 11008), (1, 100003), (3, 4096)])
+def test_large_shape_paths_with_few_rows(op, dtype, shape):
+    event, _, _ = check(cases.make_case(op, shape, dtype))
+    assert event.variant == "pointwise"

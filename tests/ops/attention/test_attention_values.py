@@ -294,3 +294,21 @@ def test_prefill_random_shapes(b, hkv, ratio, sq, sk, d, causal, layout, dtype):
 def test_decode_random_shapes(data, b, hkv, ratio, sq, s_max, d, dtype):
     lengths = data.draw(st.lists(st.integers(0, s_max), min_size=b, max_size=b))
     check_case(cases.decode_case(b, hkv * ratio, hkv, sq, s_max, d, dtype, lengths), "triton")
+
+
+# ---- the GPU-only real-size tests' code paths at interpreter sizes ------------------------------------
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_real_size_paths_at_small_sizes(d, causal):
+    """As test_prefill_real_sizes_gpu: (B, S, H, D) views, 4 query heads per kv head, Sk > Sq with
+    several key tiles and a ragged last one; fewer heads and tokens."""
+    check_case(cases.prefill_case(1, 4, 1, 37, 150, d, torch.bfloat16, causal, layout="bshd"), "triton")
+
+
+def test_decode_real_size_paths_at_small_sizes():
+    """As test_decode_real_sizes_gpu: a cache much longer than most lengths (a full one, a single
+    token, two ragged), grouped heads, one and 16 queries; a shorter cache."""
+    for dtype in (torch.bfloat16, torch.float16):
+        check_case(cases.decode_case(4, 8, 2, 1, 600, 128, dtype, (600, 1, 333, 37)), "triton")
+        check_case(cases.decode_case(2, 8, 1, 16, 300, 128, dtype, (300, 16)), "triton")

@@ -158,3 +158,17 @@ def test_random_shapes_strides_dtypes(op, shape_layout, dtype, affine):
 def test_gpu_large_shapes(op, dtype, shape):
     event = check(cases.make_case(op, shape, dtype), "triton")
     assert event.device.startswith("cuda")
+
+
+# The large GPU shapes' code paths at interpreter sizes: each shape's row length (so the same
+# variant, block and number of loop chunks, ragged last chunk included) with few rows; and the
+# narrow-row shape with a row count that leaves the last multirow block ragged.
+LARGE_SHAPE_TWINS = [(37, 128), (3, 4096), (2, 32768), (2, 131072), (3, 100003)]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", LARGE_SHAPE_TWINS)
+def test_large_shape_paths_with_few_rows(op, dtype, shape):
+    event = check(cases.make_case(op, shape, dtype), "triton")
+    assert event.variant == expected_variant(shape[-1], dtype)

@@ -245,3 +245,20 @@ def test_gpu_large_shapes(op, dtype, shape):
     event = check(cases.make_case(op, shape, dtype))
     assert event.device.startswith("cuda")
     assert event.variant == expected_variant(shape[0], shape[1], dtype)
+
+
+# The large GPU shapes' code paths at interpreter sizes: each shape's row length with few rows
+# (3 rows count as many for the looped shape, as 256 do on the GPU), so the same variant, block,
+# chunks and segments run; the narrow-row shapes with a ragged last multirow block.
+LARGE_SHAPE_TWINS = [((37, 128), False), ((9, 1024), False), ((3, 4096), False), ((2, 32768), False),
+                     ((3, 65536), True), ((3, 40003), False)]   # split: (3, 100003) walks the same path
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, many", LARGE_SHAPE_TWINS, ids=[f"{s[0]}x{s[1]}" for s, _ in LARGE_SHAPE_TWINS])
+def test_large_shape_paths_with_few_rows(op, dtype, shape, many, request):
+    if many:
+        request.getfixturevalue("few_rows_is_2")
+    event = check(cases.make_case(op, shape, dtype))
+    assert event.variant == ("looped" if many else expected_variant(shape[0], shape[1], dtype))
