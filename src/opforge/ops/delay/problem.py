@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ...runtime.lru import LRU
+from ...runtime.problem import ProblemRecord
 
 OPS = ("apply_delay", "revert_delay")
 CODE_DTYPES = (torch.int32, torch.int64)
@@ -16,17 +17,15 @@ Delays = Union[Sequence[int], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class DelayProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class DelayProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     op: str
     dtype: torch.dtype
     device_type: str
     channels: int
 
-    @property
-    def key(self) -> tuple:
-        return (self.dtype, self.channels)
 
     def describe(self) -> str:
         return f"codes {str(self.dtype).replace('torch.', '')} C={self.channels} {self.device_type}"

@@ -14,14 +14,16 @@ import torch
 
 from ...runtime.errors import check_float_tensor
 from ...runtime.lru import LRU
+from ...runtime.problem import ProblemRecord
 
 OPS = ("rotary_embedding", "kv_cache_append", "rotary_kv_cache_append")
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
-class RotaryProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class RotaryProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     op: str
     dtype: torch.dtype
@@ -30,9 +32,6 @@ class RotaryProblem:
     rotary_dim: int = 0          # rotary_embedding only
     interleaved: bool = False    # rotary_embedding only
 
-    @property
-    def key(self) -> tuple:
-        return (self.dtype, self.head_dim, self.rotary_dim, self.interleaved)
 
     def describe(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
