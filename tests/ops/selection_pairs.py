@@ -8,47 +8,46 @@ call's kernel.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Union
 
 import opforge
 from opforge.runtime import registry
-from opforge.testing import TOLERANCE, max_rel_error
+from opforge.testing import TOLERANCE, Case, max_rel_error
 
-#: The backends a CPU tensor reaches here: the torch path, Triton's interpreter, the Metal emulator.
+#: The backends a CPU tensor reaches without the emulator: the torch path and Triton's interpreter.
 CPU_BACKENDS = ("torch", "triton")
 
-
-class Call(NamedTuple):
-    """``run()`` makes the call; ``reference`` is its float64 result (a tensor or a tuple)."""
-
-    run: Callable[[], Any]
-    reference: Any
-    dtype: Any
-    tol_scale: float = 4.0
+#: A call: an op family's verify ``Case``, or ``() -> (outputs, float64 reference, dtype)``.
+Call = Union[Case, Callable[[], tuple]]
 
 
-def outcome(call: Call) -> str:
-    """'ran' (after checking the values) or the ``NoKernelError`` message."""
+def outcome(call: Call, device: Any = "cpu", tol_scale: float = 4.0) -> str:
+    """'ran' (after checking the values on fresh data) or the ``NoKernelError`` message."""
     try:
-        out = call.run()
+        if isinstance(call, Case):
+            args, kwargs = call.make(device)
+            out = call.call(*args, **kwargs)
+            ref, dtype = call.reference(args, kwargs, out), call.dtype
+        else:
+            out, ref, dtype = call()
     except opforge.NoKernelError as error:
         return f"refused: {error}"
-    error = max_rel_error(out, call.reference)
-    assert error <= TOLERANCE[call.dtype] * call.tol_scale, f"rel error {error:.3g}"
+    error = max_rel_error(out, ref)
+    assert error <= TOLERANCE[dtype] * tol_scale, f"rel error {error:.3g}"
     return "ran"
 
 
-def check_pair(backend: str, first: Call, second: Call) -> tuple[str, str]:
+def check_pair(backend: str, first: Call, second: Call, device: Any = "cpu") -> tuple[str, str]:
     """Run ``second`` alone, then ``first`` (twice: launch plans are left on the first call and
     taken on the second) and ``second`` again, on ``backend``; both outcomes of ``second`` must be
     equal. Returns (first's outcome, second's)."""
     registry.clear_cache()
     with opforge.backend(backend):
-        alone = outcome(second)
+        alone = outcome(second, device)
     registry.clear_cache()
     with opforge.backend(backend):
-        got_first = outcome(first)
-        assert outcome(first) == got_first
-        after = outcome(second)
+        got_first = outcome(first, device)
+        assert outcome(first, device) == got_first
+        after = outcome(second, device)
     assert after == alone, f"after the first call: {after!r}; alone: {alone!r}"
     return got_first, after
