@@ -12,16 +12,18 @@ from typing import Any, Callable, Union
 
 import opforge
 from opforge.runtime import registry
-from opforge.testing import TOLERANCE, Case, max_rel_error
+from opforge.testing import DEVICE, TOLERANCE, Case, max_rel_error
 
-#: The backends a CPU tensor reaches without the emulator: the torch path and Triton's interpreter.
+#: The backends of the tests' device (on a CPU: the torch path and Triton's interpreter; on a GPU
+#: the compiled kernels, whose launch plans the repeated first call exercises). The Metal
+#: emulator runs CPU tensors: ``check_pair("metal", ...)`` under the ``emulate`` fixture.
 CPU_BACKENDS = ("torch", "triton")
 
-#: A call: an op family's verify ``Case``, or ``() -> (outputs, float64 reference, dtype)``.
-Call = Union[Case, Callable[[], tuple]]
+#: A call: an op family's verify ``Case``, or ``device -> (outputs, float64 reference, dtype)``.
+Call = Union[Case, Callable[[Any], tuple]]
 
 
-def outcome(call: Call, device: Any = "cpu", tol_scale: float = 4.0) -> str:
+def outcome(call: Call, device: Any, tol_scale: float = 4.0) -> str:
     """'ran' (after checking the values on fresh data) or the ``NoKernelError`` message."""
     try:
         if isinstance(call, Case):
@@ -29,7 +31,7 @@ def outcome(call: Call, device: Any = "cpu", tol_scale: float = 4.0) -> str:
             out = call.call(*args, **kwargs)
             ref, dtype = call.reference(args, kwargs, out), call.dtype
         else:
-            out, ref, dtype = call()
+            out, ref, dtype = call(device)
     except opforge.NoKernelError as error:
         return f"refused: {error}"
     error = max_rel_error(out, ref)
@@ -37,10 +39,12 @@ def outcome(call: Call, device: Any = "cpu", tol_scale: float = 4.0) -> str:
     return "ran"
 
 
-def check_pair(backend: str, first: Call, second: Call, device: Any = "cpu") -> tuple[str, str]:
+def check_pair(backend: str, first: Call, second: Call) -> tuple[str, str]:
     """Run ``second`` alone, then ``first`` (twice: launch plans are left on the first call and
-    taken on the second) and ``second`` again, on ``backend``; both outcomes of ``second`` must be
-    equal. Returns (first's outcome, second's)."""
+    taken on the second) and ``second`` again, on ``backend`` (metal: CPU tensors, the emulator;
+    else the tests' device); both outcomes of ``second`` must be equal. Returns (first's outcome,
+    second's)."""
+    device = "cpu" if backend == "metal" else DEVICE
     registry.clear_cache()
     with opforge.backend(backend):
         alone = outcome(second, device)

@@ -8,16 +8,21 @@ import opforge
 from opforge.ops.quant import cases
 from opforge.ops.quant import problem as qproblem
 from opforge.ops.quant import triton_kernels as tk
+from opforge.testing import DEVICE
 from selection_pairs import CPU_BACKENDS, check_pair
 
 
 def linear_call(m, n, k, bits, dtype=torch.float16, group=-1, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    dense = torch.randn(n, k, generator=g) * 0.05
-    w = dense.to(dtype) if bits == 0 else opforge.quantize_weight(dense, bits, group, False)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    ref = x.double() @ w.double().T if bits == 0 else cases.oracle((x, w, None), {})
-    return lambda: (opforge.linear(x, w), ref, dtype)
+    """``device -> (opforge.linear's output, its float64 reference, dtype)``."""
+    def call(device):
+        g = torch.Generator().manual_seed(seed)
+        dense = torch.randn(n, k, generator=g) * 0.05
+        w = dense.to(dtype) if bits == 0 else opforge.quantize_weight(dense, bits, group, False)
+        x = torch.randn(m, k, generator=g).to(dtype)
+        ref = x.double() @ w.double().T if bits == 0 else cases.oracle((x, w, None), {})
+        w = w.to(device)
+        return opforge.linear(x.to(device), w), ref, dtype
+    return call
 
 
 #: (field, first call, second call): the second differs from the first in that field only
@@ -57,8 +62,8 @@ def test_tuning_switch_flipped_between_calls(monkeypatch):
     monkeypatch.setattr(tk, "DOT_SWAP", True)
     call = linear_call(20, 16, 64, 4)
     with opforge.backend("triton"), opforge.trace() as t:
-        call()
+        call(DEVICE)
         monkeypatch.setattr(qproblem, "TUNED", False)
-        out, ref, dtype = call()
+        out, ref, dtype = call(DEVICE)
     assert [e.variant for e in t] == ["dequant_gemm", "prefill"]
     assert opforge.testing.rel_error(out, ref) <= 4 * opforge.testing.TOLERANCE[dtype]
