@@ -4,10 +4,12 @@ import pytest
 import torch
 
 import opforge
+from opforge.testing import DEVICE
 
 
-def _call(k, bits):
-    return torch.randn(2, k, dtype=torch.float16), opforge.quantize_weight(torch.randn(8, k), bits, -1)
+def _call(k, bits, device=DEVICE):
+    return (torch.randn(2, k, dtype=torch.float16, device=device),
+            opforge.quantize_weight(torch.randn(8, k), bits, -1).to(device))
 
 
 def test_docstring_states_the_k_limits():
@@ -21,13 +23,13 @@ def test_explain_names_the_triton_k_minimum():
         assert e.chosen is None and "K=12 < 16 (tl.dot needs K tiles of at least 16)" in str(e)
         with pytest.raises(opforge.NoKernelError, match="K=12 < 16"):
             opforge.linear(*_call(12, 8))
-    e = opforge.explain("linear", *_call(12, 8))      # unforced, CPU tensors: the torch path, no fallback
+    e = opforge.explain("linear", *_call(12, 8))      # unforced: the torch path
     assert e.chosen.qualified_name == "torch.reference"
 
 
 @pytest.mark.emulator
 def test_explain_names_the_metal_int8_k_multiple(emulate):
     with opforge.backend("metal"):
-        e = opforge.explain("linear", *_call(130, 8))
+        e = opforge.explain("linear", *_call(130, 8, "cpu"))
         assert e.chosen is None and "K=130: the Metal int8 kernels read 4 codes per 32-bit word" in str(e)
-        assert opforge.explain("linear", *_call(128, 8)).chosen.qualified_name == "metal.qmv"
+        assert opforge.explain("linear", *_call(128, 8, "cpu")).chosen.qualified_name == "metal.qmv"

@@ -8,11 +8,21 @@ import torch
 import opforge
 from opforge.ops.rotary import reference
 from opforge.runtime.overlap import AliasedOutputError
-from opforge.testing import rel_error
+from opforge.testing import DEVICE, rel_error
 
 BACKENDS = ("torch", "triton")
 ANGLES = torch.arange(16.0)[:, None] * torch.tensor([1.0, 0.1, 0.01, 0.001])
-COS, SIN = ANGLES.cos(), ANGLES.sin()
+
+
+@pytest.fixture(autouse=True)
+def _on_device(request):
+    """New tensors on the tests' device (the Metal emulator's on the CPU)."""
+    with torch.device("cpu" if "emulate" in request.fixturenames else DEVICE):
+        yield
+
+
+def _tables():
+    return ANGLES.cos().to(torch.get_default_device()), ANGLES.sin().to(torch.get_default_device())
 
 
 def _caches(b=2, h=1, s_max=6, d=8):
@@ -60,7 +70,7 @@ def _check_rotary(backend):
     pos = torch.arange(3)
 
     def run(q, k):
-        return _run_on(backend, lambda: opforge.rotary_embedding(q, k, COS, SIN, pos, inplace=True))
+        return _run_on(backend, lambda: opforge.rotary_embedding(q, k, *_tables(), pos, inplace=True))
 
     _refused(lambda: run(q0.expand(1, 2, 3, 8), k), q0, k, match="q overlaps itself")
     _refused(lambda: run(q, k0.expand(1, 2, 3, 8)), q, k0, match="k overlaps itself")
@@ -73,7 +83,7 @@ def _check_fused(backend):
     kc, vc = _caches()
 
     def run(q, kc, vc, inplace):
-        return _run_on(backend, lambda: opforge.rotary_kv_cache_append(q, k, v, kc, vc, _lens(), COS, SIN,
+        return _run_on(backend, lambda: opforge.rotary_kv_cache_append(q, k, v, kc, vc, _lens(), *_tables(),
                                                                        inplace=inplace))
 
     _refused(lambda: run(q, kc, kc, False), q, kc, match="v_cache is k_cache")
