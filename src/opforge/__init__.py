@@ -24,6 +24,7 @@ from .runtime.device import DeviceInfo, device_info
 from .runtime.device_config import DeviceConfig, device_config
 from .runtime.compile_support import InferenceOnlyError
 from .runtime.errors import NoKernelError
+from .runtime.overlap import AliasedOutputError
 from .runtime.policy import FallbackWarning, backend, strict
 from .runtime.registry import explain
 from .runtime.trace import trace
@@ -40,7 +41,7 @@ __all__ = [
     "attention", "decode_attention",
     "paged_kv_cache_append", "paged_rotary_kv_cache_append", "paged_attention",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
-    "NoKernelError", "InferenceOnlyError", "FallbackWarning", "nn",
+    "NoKernelError", "AliasedOutputError", "InferenceOnlyError", "FallbackWarning", "nn",
     "device_config", "DeviceConfig", "models", "patch",
     "fuse", "FusionError", "UnfusableError",
     "load_safetensors", "save_safetensors", "SafetensorsError",

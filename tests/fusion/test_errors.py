@@ -194,3 +194,24 @@ def test_hasattr_on_a_symbolic_tensor_is_false_for_unknown_attributes():
 
     fuse(f)(randn(2))
     assert seen == {"grad_fn": False}
+
+
+def test_fuse_of_something_not_callable_names_the_argument():
+    for make in (lambda: fuse(3), lambda: fuse("x + 1"), lambda: fuse(name="f")(3)):
+        with pytest.raises(TypeError, match="opforge.fuse: fn must be a function of tensors"):
+            make()
+    with pytest.raises(TypeError, match="opforge.fuse: name must be a str"):
+        fuse(lambda x: x, name=3)
+
+
+@pytest.mark.parametrize("fn, operation, instead", [
+    (lambda x: torch.relu_(x * 2), "torch.relu_", "torch.relu(...)"),
+    (lambda x: torch.sigmoid_(x * 2), "torch.sigmoid_", "torch.sigmoid(...)"),
+    (lambda x: (x * 2).add_(1), "tensor attribute .add_", ".add()"),
+    (lambda x: (x * 2).mul_(x), "tensor attribute .mul_", ".mul()"),
+])
+def test_in_place_operations_are_refused_as_in_place(fn, operation, instead):
+    with pytest.raises(UnfusableError, match=re.escape(f"{operation} cannot be fused: it writes its input in "
+                                                       f"place; a fused function computes new tensors: write "
+                                                       f"{instead} instead")):
+        fuse(fn)(randn(4))

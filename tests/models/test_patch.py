@@ -80,3 +80,30 @@ def test_gpt2_layernorm_and_gelu():
     assert "attention/rotary" in report.left
     assert {"layer_norm", "gelu"} <= ops
     assert rel_error(after, before) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values", "past_key_value"])
+def test_patched_attention_takes_the_cache_under_each_transformers_name(name):
+    """transformers 5 passes the KV cache as ``cache``, 4.56-4.57 as ``past_key_values``, 4.53-4.55
+    as ``past_key_value``: the patched attention updates it under each name, and the tokens
+    generated with it equal those of a full forward without a cache."""
+    model = _llama()
+    opforge.patch(model)
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(4))
+    attn = model.model.layers[0].self_attn
+    forward = attn.forward
+    seen = []
+
+    def renamed(hidden_states, *args, **kwargs):
+        cache = kwargs.pop("cache", None) or kwargs.pop("past_key_values", None) or kwargs.pop("past_key_value", None)
+        seen.append(cache is not None)
+        return forward(hidden_states, *args, **{name: cache}, **kwargs)
+
+    attn.forward = renamed
+    with torch.no_grad():
+        cached = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, min_new_tokens=4)
+        full = ids
+        for _ in range(4):
+            logits = model(full, use_cache=False).logits
+            full = torch.cat([full, logits[:, -1:].argmax(-1)], dim=1)
+    assert any(seen) and torch.equal(cached, full)

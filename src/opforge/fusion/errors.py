@@ -71,3 +71,24 @@ def user_line(code: Optional[CodeType], skip: int = 1) -> Optional[SourceLine]:
             return SourceLine(code.co_filename, frame.f_lineno, code.co_name)
         frame = frame.f_back
     return None
+
+
+def in_place_detail(name: str) -> Optional[str]:
+    """Why an in-place spelling (``torch.relu_``, ``x.add_``, ``x += y``) is refused, naming the
+    out-of-place one; None for any other name.
+
+    Example:
+        >>> in_place_detail("torch.relu_")
+        'it writes its input in place; a fused function computes new tensors: write torch.relu(...) instead'
+        >>> in_place_detail("torch.sum") is None
+        True
+    """
+    method = name.endswith("()")
+    head, _, base = name.removesuffix("()").rpartition(".")
+    if base.startswith("__i") and base.endswith("__"):
+        instead = f"x.__{base[3:]}(y) (x = x op y)"
+    elif base.endswith("_") and not base.endswith("__"):
+        instead = f"{head}.{base[:-1]}(...)" if head else f".{base[:-1]}()"
+    else:
+        return None
+    return f"it writes its input in place; a fused function computes new tensors: write {instead} instead"

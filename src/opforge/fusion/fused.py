@@ -368,8 +368,13 @@ def fuse(fn: Optional[Callable] = None, *, name: Optional[str] = None) -> Any:
         >>> torch.allclose(y, torch.nn.functional.gelu(x + b) * 0.5 + r, atol=1e-6)
         True
     """
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"opforge.fuse: name must be a str or None, got {type(name).__name__}")
     if fn is None:
-        return lambda f: FusedFunction(f, name)
+        return lambda f: fuse(f, name=name)
+    if not callable(fn):
+        raise TypeError(f"opforge.fuse: fn must be a function of tensors (used as @fuse or fuse(fn)), "
+                        f"got {type(fn).__name__} {fn!r:.40}")
     return FusedFunction(fn, name)
 
 

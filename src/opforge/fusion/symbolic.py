@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Optional
 import torch
 
 from .dtypes import WRAPPED
+from .errors import in_place_detail
 
 if TYPE_CHECKING:
     from .graph import Node
@@ -207,8 +208,8 @@ class Symbolic:
     def __getattr__(self, name: str) -> NoReturn:
         if name.startswith("__"):
             raise AttributeError(name)
-        self._tracer.refuse(f"tensor attribute .{name}", "not a pointwise operation opforge.fuse knows",
-                            attribute=True)
+        detail = in_place_detail(f".{name}()") or "not a pointwise operation opforge.fuse knows"
+        self._tracer.refuse(f"tensor attribute .{name}", detail, attribute=True)
 
     def __repr__(self) -> str:
         node = self._node

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .errors import in_place_detail
 from .symbolic import Symbolic
 
 
@@ -147,7 +148,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     tracer = anchor._tracer
     adapter = _table().get(func)
     if adapter is None:
-        tracer.refuse(_name(func), "it is not a pointwise operation opforge.fuse knows")
+        name = _name(func)
+        tracer.refuse(name, in_place_detail(name) or "it is not a pointwise operation opforge.fuse knows")
     try:
         op, op_args, op_kwargs = adapter(*args, **dict(kwargs))
     except _Refusal as refusal:

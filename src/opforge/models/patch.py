@@ -82,6 +82,7 @@ def _rotary_attention_forward(tables: _RotaryTables):
     """An attention module's forward with rotary through opforge (tables shared by the model's layers)."""
     def forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Optional[tuple] = None,
                 attention_mask: Optional[torch.Tensor] = None, past_key_values: Any = None, **kwargs: Any):
+        cache = _take_cache(past_key_values, kwargs)
         b, s, _ = hidden_states.shape
         q = self.q_proj(hidden_states).view(b, s, -1, self.head_dim)
         if hasattr(self, "q_norm"):
@@ -92,14 +93,26 @@ def _rotary_attention_forward(tables: _RotaryTables):
         v = self.v_proj(hidden_states).view(b, s, -1, self.head_dim).transpose(1, 2)
         table_cos, table_sin, rows = tables.get(*position_embeddings, b, s, q.device)
         q, k = opforge.rotary_embedding(q.transpose(1, 2), k.transpose(1, 2), table_cos, table_sin, rows)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         fn = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation] \
             if self.config._attn_implementation in ALL_ATTENTION_FUNCTIONS else _eager_fallback
         out, weights = fn(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
         return self.o_proj(out.reshape(b, s, -1).contiguous()), weights
     return forward
+
+
+#: The names transformers has given the KV cache argument of an attention forward: ``cache``
+#: (5.x), ``past_key_values`` (4.56 - 4.57), ``past_key_value`` (4.53 - 4.55).
+_CACHE_ARGUMENTS = ("cache", "past_key_value")
+
+
+def _take_cache(past_key_values: Any, kwargs: dict) -> Any:
+    """The KV cache transformers passed under whichever name its version uses, removed from
+    ``kwargs`` (the attention function must not receive it twice)."""
+    found = [past_key_values] + [kwargs.pop(name, None) for name in _CACHE_ARGUMENTS]
+    return next((c for c in found if c is not None), None)
 
 
 def _eager_fallback(module, q, k, v, mask, dropout=0.0, scaling=None, **kwargs):

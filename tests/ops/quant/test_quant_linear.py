@@ -370,7 +370,8 @@ def _problem(m, n, k, bits=4, group=128):
 def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm(monkeypatch):
     """Session 7 (tuned, swapped): int4 with 16 < M <= 64 and N*K <= DEQUANT_SMALL_NK runs
     dequant+cuBLAS; not at M 16 or 65, one row of N past the threshold, 2048x8192, int8, or with
-    either switch off. The selection key changes with the choice, so the cache follows the switches."""
+    either switch off. A problem holds the switches as they were when it was built, and its
+    selection key holds them, so the cache follows the switches."""
     from opforge.ops.quant import problem
     from opforge.runtime import registry
     monkeypatch.setattr(problem, "TUNED", True)
@@ -387,10 +388,11 @@ def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm(monkeypatch):
         assert registry.select("linear", small, "cuda").variant.name == "dequant_gemm"
         assert registry.select("linear", big, "cuda").variant.name == "prefill"
         for module, switch in ((problem, "TUNED"), (tk, "DOT_SWAP")):
-            key = small.key
             monkeypatch.setattr(module, switch, False)
-            assert not small.dequant_gemm and small.key != key
-            assert registry.select("linear", small, "cuda").variant.name == "prefill"
+            off = _problem(64, 2048, 2048)
+            assert small.dequant_gemm and not off.dequant_gemm and small.key != off.key
+            assert registry.select("linear", off, "cuda").variant.name == "prefill"
+            assert registry.select("linear", small, "cuda").variant.name == "dequant_gemm"
             monkeypatch.setattr(module, switch, True)
 
 

@@ -21,6 +21,7 @@ import torch
 from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
 from ...runtime.lru import LRU
 from ...runtime.plans import PlanCache
+from ...runtime.problem import ProblemRecord
 from ...runtime.rows import Rows, as_rows
 from .reference import APPROXIMATIONS
 
@@ -29,8 +30,9 @@ GATED = ("swiglu", "geglu")
 
 
 @dataclass(frozen=True)
-class ActivationProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class ActivationProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     op: str
     dtype: torch.dtype
@@ -39,9 +41,6 @@ class ActivationProblem:
     approximate: Optional[str]
     shape: tuple
 
-    @property
-    def key(self) -> tuple:
-        return (self.dtype, self.approximate)
 
     @property
     def gated(self) -> bool:

@@ -73,8 +73,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     Returns:
         (B, Hq, Sq, D) in q's dtype, packed. Scores and the softmax are in float32 with a running
-        maximum, so huge logits do not overflow. The Triton kernel takes D up to 256 (padded to a
-        power of two); a larger D runs on the torch path (a fallback: traced, and strict mode raises).
+        maximum, so huge logits do not overflow.
+
+    Limits of the kernels (outside them the torch path runs: a fallback, traced, and strict mode
+    or a forced backend raises ``NoKernelError``; ``opforge.explain`` names the limit):
+    the Triton kernel takes D up to 256 (padded to a power of two); the Metal prefill kernels take
+    D in (64, 80, 96, 128, 256) only.
 
     Example:
         >>> import torch, opforge
@@ -107,6 +111,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     Returns:
         (B, Hq, Sq, D) in q's dtype, packed.
+
+    Limits of the kernels (outside them the torch path runs as a fallback; ``opforge.explain``
+    names the limit): Triton and Metal take D up to 256.
 
     On CUDA the call never reads ``cache_seqlens`` on the host and allocates by sizes only, so it
     can be captured in a CUDA graph and replayed with new lengths. For the same reason the

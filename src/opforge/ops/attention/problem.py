@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ...runtime.errors import check_float_tensor
+from ...runtime.problem import ProblemRecord
 
 OPS = ("attention", "decode_attention")
 
@@ -32,8 +33,9 @@ CHECK_SEQLENS_ENV = "OPFORGE_CHECK_SEQLENS"
 
 
 @dataclass(frozen=True)
-class AttentionProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class AttentionProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     op: str
     dtype: torch.dtype
@@ -51,10 +53,6 @@ class AttentionProblem:
         """Query heads per key/value head (1: MHA, Hq: MQA)."""
         return self.q_heads // self.kv_heads
 
-    @property
-    def key(self) -> tuple:
-        # Selection depends on dtype and head dim only: sequence lengths never change the choice.
-        return (self.dtype, self.head_dim)
 
     def describe(self) -> str:
         dt = str(self.dtype).replace("torch.", "")

@@ -8,25 +8,27 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ...runtime.lru import LRU
+from ...runtime.overlap import check_no_self_overlap
+from ...runtime.problem import ProblemRecord
 
 OPS = ("apply_delay", "revert_delay")
 CODE_DTYPES = (torch.int32, torch.int64)
+#: The largest delay (the kernels read the delays as int32; a delay past T only shifts in fill ids).
+MAX_DELAY = 2**31 - 1
 
 Delays = Union[Sequence[int], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class DelayProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class DelayProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     op: str
     dtype: torch.dtype
     device_type: str
     channels: int
 
-    @property
-    def key(self) -> tuple:
-        return (self.dtype, self.channels)
 
     def describe(self) -> str:
         return f"codes {str(self.dtype).replace('torch.', '')} C={self.channels} {self.device_type}"
@@ -90,6 +92,10 @@ def _check_delays(delays: Delays, channels: int, device: torch.device) -> torch.
     negative = [i for i, d in enumerate(values) if d < 0]
     if negative:
         raise ValueError(f"delays must be >= 0, got delays[{negative[0]}] = {values[negative[0]]}")
+    huge = [i for i, d in enumerate(values) if d > MAX_DELAY]
+    if huge:
+        raise ValueError(f"delays must be <= {MAX_DELAY} (int32, as the kernels read them), "
+                         f"got delays[{huge[0]}] = {values[huge[0]]}")
     if device.type == "cpu" and isinstance(delays, torch.Tensor):
         return delays
     return delays_tensor(values, device)
@@ -144,8 +150,11 @@ def _prepare_detailed(op: str, codes: torch.Tensor, delays: Delays, bos_id: Opti
                              f"got {tuple(out.shape)} {out.dtype}")
         if out.device != device:
             raise ValueError(f"out is on {out.device} but codes is on {device}: all tensors must be on one device")
+        check_no_self_overlap("out", out)
         if out.numel() and codes.numel() and _overlap(out, codes):
             raise ValueError("out must not overlap codes (each output element reads another time step)")
+        if isinstance(delays, torch.Tensor) and delays.numel() and out.numel() and _overlap(out, delays):
+            raise ValueError("out must not overlap delays (the kernels read them while writing out)")
     key = (op, codes.dtype, device.type, codes.shape[2])
     problem = _problems.get(key)
     if problem is None:

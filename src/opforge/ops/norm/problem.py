@@ -10,14 +10,16 @@ from ...runtime.errors import HALF_AND_SINGLE, check_eps, check_float_tensor, ch
     check_same_shape
 from ...runtime.lru import LRU
 from ...runtime.plans import PlanCache
+from ...runtime.problem import ProblemRecord
 from ...runtime.rows import Rows, as_rows
 
 OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 
 
 @dataclass(frozen=True)
-class NormProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class NormProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     op: str
     dtype: torch.dtype
@@ -27,9 +29,6 @@ class NormProblem:
     weight_dtype: Optional[torch.dtype]
     bias_dtype: Optional[torch.dtype]
 
-    @property
-    def key(self) -> tuple:
-        return (self.dtype, self.n, self.weight_dtype, self.bias_dtype)
 
     @property
     def is_rms(self) -> bool:

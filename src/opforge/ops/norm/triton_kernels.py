@@ -269,8 +269,8 @@ def _launch(launcher: TritonLauncher, call: NormCall, config: tuple, grid: tuple
     if not ((xp | rp | wp | bp) & 15 or p.n == 1
             or max(x.stride_outer, x.stride_inner, r.stride_outer, r.stride_inner) > I32_MAX):
         index = xt.device.index
-        key = (config, constexprs, p.op, p.key, index, x.stride_outer & 15, x.stride_inner & 15, r.stride_outer & 15,
-               r.stride_inner & 15)
+        key = (config, constexprs, p.op, p.dtype, p.n, p.weight_dtype, p.bias_dtype, index, x.stride_outer & 15,
+               x.stride_inner & 15, r.stride_outer & 15, r.stride_inner & 15)
     if key is None or not launcher.launch_raw(key, grid, (xp, rp, yp, sp, wp, bp) + tail, warps, index):
         launcher(grid, (xt, r.tensor, y, s if s is not None else y, w if w is not None else y,
                         b if b is not None else y) + tail, num_warps=warps, key=key)

@@ -101,6 +101,11 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
         Metal variants (MPS tensors, also float32 x): ``qmv`` (M <= 16) and ``qmm``, see
         ``opforge.ops.quant.metal``.
 
+    Limits of the kernels (outside them the torch path runs: a fallback, traced, and strict mode
+    or a forced backend raises ``NoKernelError``; ``opforge.explain("linear", x, w)`` names the
+    limit): the Triton kernels need K >= 16 (``tl.dot`` tiles) and float16 or bfloat16 x; the
+    Metal int8 kernels need K a multiple of 4 (4 codes per 32-bit word).
+
     Example:
         >>> import torch, opforge
         >>> w = torch.randn(64, 256)

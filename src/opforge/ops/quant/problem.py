@@ -4,12 +4,13 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import torch
 
 from ...runtime.errors import check_float_tensor
+from ...runtime.problem import ProblemRecord
 from .weight import QuantizedWeight
 
 OPS = ("linear",)
@@ -58,8 +59,9 @@ def _dot_swap() -> bool:
 
 
 @dataclass(frozen=True)
-class LinearProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class LinearProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     dtype: torch.dtype
     m: int
@@ -70,6 +72,10 @@ class LinearProblem:
     symmetric: bool
     has_bias: bool
     device_type: str
+    #: ``TUNED`` and ``triton_kernels.DOT_SWAP`` when the record was built: switches that tests and
+    #: benchmarks flip, held here so that the selection key sees them
+    tuned: bool = field(default_factory=lambda: TUNED)
+    dot_swap: bool = field(default_factory=lambda: _dot_swap())
 
     @property
     def dense(self) -> bool:
@@ -81,15 +87,15 @@ class LinearProblem:
 
     @property
     def large(self) -> bool:
-        threshold = dequant_gemm_min_m()
+        threshold = DEQUANT_GEMM_MIN_M_TUNED if self.tuned else DEQUANT_GEMM_MIN_M
         return threshold is not None and self.m >= threshold
 
     @property
     def small_int4(self) -> bool:
         """int4, M 17..``DEQUANT_SMALL_MAX_M``, N*K <= ``DEQUANT_SMALL_NK``, under ``TUNED`` and
         ``triton_kernels.DOT_SWAP``: dequant+cuBLAS beats the swapped dot kernel."""
-        return (TUNED and self.bits == 4 and DECODE_MAX_M < self.m <= DEQUANT_SMALL_MAX_M
-                and self.n * self.k <= DEQUANT_SMALL_NK and _dot_swap())
+        return (self.tuned and self.bits == 4 and DECODE_MAX_M < self.m <= DEQUANT_SMALL_MAX_M
+                and self.n * self.k <= DEQUANT_SMALL_NK and self.dot_swap)
 
     @property
     def dequant_gemm(self) -> bool:
@@ -97,9 +103,6 @@ class LinearProblem:
         or ``small_int4``."""
         return self.large or self.small_int4
 
-    @property
-    def key(self) -> tuple:
-        return (self.dtype, self.decode, self.dequant_gemm, self.bits, self.dense, self.k < 16)
 
     def describe(self) -> str:
         w = "dense" if self.dense else f"int{self.bits} g{self.group}{' sym' if self.symmetric else ''}"

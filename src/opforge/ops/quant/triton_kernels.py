@@ -714,8 +714,9 @@ def supports_dequant_gemm(p: LinearProblem):
 
 def _not_dequant_gemm_reason(p: LinearProblem) -> str:
     small = f", and not int4 at M 17..{qproblem.DEQUANT_SMALL_MAX_M} with N*K <= {qproblem.DEQUANT_SMALL_NK}" \
-        if qproblem.TUNED and DOT_SWAP else ""
-    return f"M={p.m} rows < {qproblem.dequant_gemm_min_m()}{small}: the Triton GEMM's (exact codes, no weight pass)"
+        if p.tuned and p.dot_swap else ""
+    threshold = qproblem.DEQUANT_GEMM_MIN_M_TUNED if p.tuned else qproblem.DEQUANT_GEMM_MIN_M
+    return f"M={p.m} rows < {threshold}{small}: the Triton GEMM's (exact codes, no weight pass)"
 
 
 def supports_prefill(p: LinearProblem):

@@ -14,8 +14,8 @@ from ...runtime.compile_support import compiled
 from ...runtime.lru import LRU
 from . import fakes, reference
 from .problem import (OPS, AppendCall, FusedCall, RotaryCall, append_signature, check_append_range,
-                      check_table_range, fused_signature, prepare_append, prepare_fused, prepare_rotary,
-                      rotary_signature)
+                      check_append_writes, check_rotary_writes, check_table_range, fused_signature, prepare_append,
+                      prepare_fused, prepare_rotary, rotary_signature)
 
 # Signatures of calls that passed validation, with their problems: a later call with the same
 # signature skips validation (its outcome is decided by the signature; CPU value checks still run).
@@ -103,10 +103,12 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     sig = rotary_signature(q, k, cos, sin, positions, interleaved, inplace)
     problem = _valid_rotary.get(sig) if sig is not None else None
     if problem is not None and type(interleaved) is bool and type(inplace) is bool:
+        check_rotary_writes(q, k, cos, sin, positions, inplace)
         if problem.device_type == "cpu":
             check_table_range(positions, cos.shape[0])
         return dispatch.run("rotary_embedding", RotaryCall(problem, q, k, cos, sin, positions, inplace, sig), q)
     call = prepare_rotary(q, k, cos, sin, positions, interleaved, inplace)
+    check_rotary_writes(q, k, cos, sin, positions, inplace)
     if q.numel() == 0 and k.numel() == 0:
         return (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
     call.sig = sig
@@ -152,6 +154,7 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
         if k.numel() == 0:
             return None
         call.sig = sig
+    check_append_writes(k_cache, v_cache, k, v, cache_seqlens)
     device_type = call.problem.device_type
     if check is None:
         check = device_type != "cuda" or not torch.cuda.is_current_stream_capturing()
@@ -215,6 +218,7 @@ def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         if k.numel() == 0 and q.numel() == 0:
             return q if inplace else torch.empty_like(q)
         call.sig = sig
+    check_append_writes(k_cache, v_cache, k, v, cache_seqlens, q, inplace, cos, sin, positions)
     device_type = call.problem.device_type
     if check is None:
         check = device_type != "cuda" or not torch.cuda.is_current_stream_capturing()

@@ -14,14 +14,17 @@ import torch
 
 from ...runtime.errors import check_float_tensor
 from ...runtime.lru import LRU
+from ...runtime.overlap import check_no_self_overlap, check_writes
+from ...runtime.problem import ProblemRecord
 
 OPS = ("rotary_embedding", "kv_cache_append", "rotary_kv_cache_append")
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
-class RotaryProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class RotaryProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     op: str
     dtype: torch.dtype
@@ -30,9 +33,6 @@ class RotaryProblem:
     rotary_dim: int = 0          # rotary_embedding only
     interleaved: bool = False    # rotary_embedding only
 
-    @property
-    def key(self) -> tuple:
-        return (self.dtype, self.head_dim, self.rotary_dim, self.interleaved)
 
     def describe(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
@@ -184,8 +184,20 @@ def prepare_rotary(q, k, cos, sin, positions, interleaved: bool = False, inplace
         raise TypeError("interleaved and inplace must be bools")
     if device.type == "cpu" and positions is not None and positions.numel():
         check_table_range(positions, cos.shape[0])
+    if inplace:
+        check_no_self_overlap("q", q)
+        if op == "rotary_embedding":
+            check_no_self_overlap("k", k)
     problem = _problem(op, q.dtype, device.type, d, r, interleaved)
     return RotaryCall(problem, q, k, cos, sin, positions, inplace)
+
+
+def check_rotary_writes(q, k, cos, sin, positions, inplace) -> None:
+    """Raise ``AliasedOutputError`` if rotary_embedding with ``inplace`` would write q or k where
+    the other or a table reads (their self-overlap is checked with the strides, in
+    ``prepare_rotary``)."""
+    if inplace:
+        check_writes([("q", q), ("k", k)], [("cos", cos), ("sin", sin), ("positions", positions)])
 
 
 def prepare_append(k_cache, v_cache, k, v, cache_seqlens) -> AppendCall:
@@ -217,8 +229,20 @@ def prepare_append(k_cache, v_cache, k, v, cache_seqlens) -> AppendCall:
     if tuple(cache_seqlens.shape) != (b,):
         raise ValueError(f"cache_seqlens must have shape (B,) = ({b},), got {tuple(cache_seqlens.shape)}")
     _same_device("cache_seqlens", cache_seqlens, device, "k_cache")
+    check_no_self_overlap("k_cache", k_cache)
+    check_no_self_overlap("v_cache", v_cache)
     problem = _problem("kv_cache_append", k_cache.dtype, device.type, d)
     return AppendCall(problem, k_cache, v_cache, k, v, cache_seqlens)
+
+
+def check_append_writes(k_cache, v_cache, k, v, cache_seqlens, q=None, inplace=False, cos=None, sin=None,
+                        positions=None) -> None:
+    """Raise ``AliasedOutputError`` if kv_cache_append (or rotary_kv_cache_append, with q) would
+    write a cache where the other cache or an input lies, or (``inplace``) q where they lie."""
+    written = [("k_cache", k_cache), ("v_cache", v_cache)] + ([("q", q)] if inplace else [])
+    read = [("k", k), ("v", v), ("cache_seqlens", cache_seqlens), ("cos", cos), ("sin", sin),
+            ("positions", positions), ("q", None if inplace else q)]
+    check_writes(written, read)
 
 
 def check_append_range(call: AppendCall) -> None:

@@ -41,7 +41,7 @@ def _rotate_heads(x_ptr, o_ptr, c, sn, x_base, o_base, ok, h0, H, sxh, soh, HALF
     """Rotate heads h0 .. h0 + HB - 1 of one token: x at x_base + h * sxh, out at o_base + h * soh
     (written only where the scalar ``ok`` holds)."""
     heads = h0 + tl.arange(0, HB)
-    hm = (heads < H) & ok
+    hm = tl.where(ok, heads < H, False)   # where, not &: a scalar & a tensor of bool is not bool in every interpreter
     heads64 = heads.to(tl.int64)
     xrow = x_base + heads64[:, None] * sxh
     orow = o_base + heads64[:, None] * soh
@@ -76,7 +76,7 @@ def _rotate_heads(x_ptr, o_ptr, c, sn, x_base, o_base, ok, h0, H, sxh, soh, HALF
 def _angles(cos_ptr, sin_ptr, pos, P, scos, ssin, HALF, HALF_P: tl.constexpr):
     """The cos and sin rows of ``pos``; zeros (and no read) outside [0, P)."""
     i = tl.arange(0, HALF_P)
-    cm = (i < HALF) & (pos >= 0) & (pos < P)
+    cm = tl.where((pos >= 0) & (pos < P), i < HALF, False)
     c = tl.load(cos_ptr + pos * scos + i, mask=cm, other=0.0)
     sn = tl.load(sin_ptr + pos * ssin + i, mask=cm, other=0.0)
     return c, sn
@@ -133,7 +133,7 @@ def _rotary_append_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr, 
     else:
         heads = ((g - q_groups - k_groups) * HBK + tl.arange(0, HBK)).to(tl.int64)
         d = tl.arange(0, D_P)
-        m = ((heads < Hkv) & ok)[:, None] & (d < D)[None, :]
+        m = tl.where(ok, heads < Hkv, False)[:, None] & (d < D)[None, :]
         x = tl.load(v_ptr + (b * svb + s * svs) + heads[:, None] * svh + d[None, :], mask=m)
         tl.store(vc_ptr + (b * svcb + cpos * svcs) + heads[:, None] * svch + d[None, :], x, mask=m)
 
@@ -217,7 +217,7 @@ def _kv_append_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, len_ptr, S_new, H, D, S_max,
     ok = (pos >= 0) & (pos < S_max)
     heads = (g * HB + tl.arange(0, HB)).to(tl.int64)
     d = tl.arange(0, D_P)
-    m = ((heads < H)[:, None] & (d < D)[None, :]) & ok
+    m = tl.where(ok, (heads < H)[:, None] & (d < D)[None, :], False)
     b64 = b.to(tl.int64)
     s64 = s.to(tl.int64)
     kx = tl.load(k_ptr + (b64 * skb + s64 * sks) + heads[:, None] * skh + d[None, :], mask=m)

@@ -9,6 +9,7 @@ import torch
 from ...runtime.errors import HALF_AND_SINGLE, check_float_tensor
 from ...runtime.lru import LRU
 from ...runtime.plans import PlanCache
+from ...runtime.problem import ProblemRecord
 from ...runtime.rows import Rows, as_rows
 
 OPS = ("softmax", "log_softmax")
@@ -21,8 +22,9 @@ MAX_ROWS = 2**31 - 2**16
 
 
 @dataclass(frozen=True)
-class SoftmaxProblem:
-    """What a variant needs to decide whether it can run a call; ``key`` drives the selection cache."""
+class SoftmaxProblem(ProblemRecord):
+    """What the variants\' support predicates and launch heuristics read; every field is in the
+    selection key (``ProblemRecord``)."""
 
     op: str
     dtype: torch.dtype
@@ -34,9 +36,6 @@ class SoftmaxProblem:
     def few_rows(self) -> bool:
         return self.rows <= FEW_ROWS
 
-    @property
-    def key(self) -> tuple:
-        return (self.dtype, self.n, self.few_rows, self.rows > MAX_ROWS)
 
     @property
     def is_log(self) -> bool:

@@ -1,0 +1,33 @@
+"""Norms: a call, then one differing in one field the support predicates read (N across the
+multirow / row / looped limits, dtype, weight dtype, affine or not, op), on the torch path,
+Triton's interpreter and the Metal emulator: the second call is never served by the first
+call's cached choice."""
+import pytest
+import torch
+
+from opforge.ops.norm.cases import make_case
+from selection_pairs import CPU_BACKENDS, check_pair
+
+F32, F16 = torch.float32, torch.float16
+
+PAIRS = {
+    "n (multirow -> row, Metal)": (make_case("rms_norm", (2, 64), F16), make_case("rms_norm", (2, 300), F16)),
+    "n (multirow -> row, Triton)": (make_case("rms_norm", (2, 64), F16), make_case("rms_norm", (2, 1100), F16)),
+    "n (row -> looped)": (make_case("layer_norm", (2, 4100), F32), make_case("layer_norm", (2, 33000), F32)),
+    "dtype": (make_case("rms_norm", (3, 64), F32), make_case("rms_norm", (3, 64), torch.float64)),
+    "weight dtype": (make_case("rms_norm", (3, 64), F16), make_case("rms_norm", (3, 64), F16, weight_dtype=F32)),
+    "affine": (make_case("layer_norm", (3, 64), F16), make_case("layer_norm", (3, 64), F16, affine=False)),
+    "op": (make_case("rms_norm", (3, 64), F16), make_case("add_rms_norm", (3, 64), F16)),
+}
+
+
+@pytest.mark.parametrize("field", PAIRS)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_second_call_differing_in_one_field(backend, field):
+    check_pair(backend, *PAIRS[field])
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("field", PAIRS)
+def test_second_call_differing_in_one_field_metal(emulate, field):
+    check_pair("metal", *PAIRS[field])
