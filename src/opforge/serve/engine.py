@@ -16,7 +16,7 @@ Example:
     >>> engine = Engine(tiny_decoder(), max_num_seqs=4, kv_blocks=16)
     >>> stream = engine.add_request("r1", [1, 2, 3], SamplingParams(max_tokens=3))
     >>> while engine.has_unfinished():
-    ...     engine.step()
+    ...     _ = engine.step()
     >>> [len(o.new_token_ids) for o in stream], engine.stats().blocks_used
     ([1, 1, 1], 0)
 """
