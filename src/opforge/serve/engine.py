@@ -209,8 +209,8 @@ class Engine:
             batch = self._inputs(chunks)
         sampled = [c for c in chunks if c.samples]
         with torch.no_grad():
-            logits = self._forward(chunks, batch)
-        tokens = self._sample(sampled, logits)
+            logits, greedy = self._forward(chunks, batch)
+        tokens = self._sample(sampled, logits, greedy)
         with self._lock:
             for chunk in chunks:
                 if chunk.seq.status != FINISHED:      # not aborted during the model call
@@ -229,33 +229,38 @@ class Engine:
             ids.extend(c.seq.tokens[c.start:c.start + c.count])
             cu.append(cu[-1] + c.count)
             starts.append(c.start)
-            tables.append(list(self.cache.table(c.seq.request_id)))
+            tables.append(self.cache.table(c.seq.request_id)[:])
             if c.samples:
                 rows.append(cu[-1] - 1)
         return {"ids": ids, "cu": cu, "starts": starts, "tables": tables, "rows": rows,
                 "max_query_len": max(c.count for c in chunks)}
 
-    def _forward(self, chunks: list[Chunk], batch: dict[str, Any]) -> torch.Tensor:
-        """Logits (R, V) float32 of the rows that sample."""
+    def _forward(self, chunks: list[Chunk], batch: dict[str, Any]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Logits (R, V) float32 of the rows that sample, and their greedy tokens when a graph
+        computed them."""
         decode_only = batch["max_query_len"] == 1 and len(batch["rows"]) == len(chunks)
         if self._graphs is not None and decode_only and self._graphs.size_for(len(chunks)) is not None:
             return self._graphs.run(batch["ids"], batch["tables"], batch["starts"])
         dev = self.device
         width = max(len(t) for t in batch["tables"])
-        tables = torch.full((len(chunks), width), SCRATCH_BLOCK, dtype=torch.int32)
-        for i, row in enumerate(batch["tables"]):
-            tables[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
+        flat: list[int] = []
+        for row in batch["tables"]:
+            flat += row
+            flat += [SCRATCH_BLOCK] * (width - len(row))
+        tables = torch.tensor(flat, dtype=torch.int32).view(len(chunks), width)
         i32 = dict(dtype=torch.int32, device=dev)
         return self.model.paged_step(torch.tensor(batch["ids"], dtype=torch.long, device=dev), self.pages,
                                      tables.to(dev), torch.tensor(batch["starts"], **i32),
                                      torch.tensor(batch["cu"], **i32), batch["max_query_len"],
-                                     torch.tensor(batch["rows"], dtype=torch.long, device=dev))
+                                     torch.tensor(batch["rows"], dtype=torch.long, device=dev)), None
 
-    def _sample(self, sampled: list[Chunk], logits: torch.Tensor) -> list[int]:
+    def _sample(self, sampled: list[Chunk], logits: torch.Tensor, greedy: Optional[torch.Tensor]) -> list[int]:
         if not sampled:
             return []
         params = [c.seq.params for c in sampled]
         banned = [self._banned(c.seq) for c in sampled]
+        if greedy is not None and not any(banned) and all(p.greedy for p in params):
+            return greedy.tolist()
         return sample_rows(logits, params, [c.seq.generator for c in sampled], banned)
 
     def _banned(self, seq: Sequence) -> tuple[int, ...]:
