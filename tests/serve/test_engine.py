@@ -3,12 +3,14 @@ the batch does around it (chunked prefill, prefix hits, preemption, aborts), flo
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 
 import pytest
 import torch
 
+import opforge
 from opforge.models.testing import tiny_decoder
 from opforge.serve import LLM, Engine, RequestOutput, SamplingParams
 from opforge.testing import DEVICE
@@ -155,7 +157,7 @@ def test_random_adds_aborts_and_steps_keep_the_cache_consistent_and_tokens_exact
             streams[rid] = (p, streams[rid][1],
                             engine.add_request(rid, p, SamplingParams(max_tokens=streams[rid][1], ignore_eos=True)))
         elif op == "abort":
-            live = sorted(r for r in streams if r not in aborted and r in engine._requests)
+            live = sorted(r for r in streams if r not in aborted and engine.is_unfinished(r))
             if live:
                 rid = rng.choice(live)
                 engine.abort(rid)
@@ -285,3 +287,20 @@ def test_llm_generate_keeps_the_order_and_accepts_one_params_per_prompt(model, s
     with pytest.raises(ValueError, match="params"):
         llm.generate(prompts, params[:2])
     assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs a GPU or Triton's interpreter")
+def test_the_triton_paged_kernels_serve_the_same_tokens(model, solo):
+    """The engine's step on the Triton kernels (the interpreter on a CPU): strided q/k/v views of
+    the fused projection; packed decode tokens and prompts, short (split-KV kernel) and long (tiled)."""
+    shared = [9, 8, 7, 6, 5]
+    prompts = [shared + [3, 4], shared + [11, 12, 13], [20], [i % 60 + 3 for i in range(40)]]
+    engine = Engine(model, max_num_seqs=4, block_size=4, kv_blocks=30, max_num_batched_tokens=64)
+    with opforge.backend("triton"), opforge.trace() as t:
+        streams = [engine.add_request(f"r{i}", p, SamplingParams(max_tokens=3, ignore_eos=True))
+                   for i, p in enumerate(prompts)]
+        outs = _drain(engine, dict(enumerate(streams)))
+    assert [_tokens(outs[i]) for i in range(4)] == [solo(p, 3) for p in prompts]
+    ran = {(e.op, e.backend, e.variant) for e in t if e.op.startswith("paged")}
+    assert {e[1] for e in ran} == {"triton"} and len({e[2] for e in ran if e[0] == "paged_attention"}) == 2, ran

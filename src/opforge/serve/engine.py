@@ -186,8 +186,14 @@ class Engine:
             self._finish(seq, stream, "abort", [], "")
 
     def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
         with self._lock:
             return bool(self._requests)
+
+    def is_unfinished(self, request_id: str) -> bool:
+        """Whether ``request_id`` is waiting or running."""
+        with self._lock:
+            return request_id in self._requests
 
     def stats(self) -> EngineStats:
         """Counts of sequences and blocks, prefix-cache lookups, the last step's time."""

@@ -62,13 +62,13 @@ class DecodeGraphs:
         for row in tables:
             flat += row
             flat += [SCRATCH_BLOCK] * (width - len(row))
-        host, small = self._host_tables[:n, :width], self._host_small
-        host[:b] = torch.tensor(flat, dtype=torch.int32).view(b, width)
-        host[b:] = SCRATCH_BLOCK
+        host, small = self._host_tables, self._host_small
+        host[:b, :width] = torch.tensor(flat, dtype=torch.int32).view(b, width)
+        host[b:n, :width] = SCRATCH_BLOCK
         small[:, b:n] = 0
         small[0, :b] = torch.tensor(tokens)
         small[1, :b] = torch.tensor(starts)
-        self.tables[:n, :width].copy_(host, non_blocking=True)
+        self.tables[:n].copy_(host[:n], non_blocking=True)          # whole rows: one contiguous copy
         self.tokens[:n].copy_(small[0, :n], non_blocking=True)
         self.seqlens[:n].copy_(small[1, :n], non_blocking=True)
         if n not in self._graphs:
