@@ -12,7 +12,7 @@ import torch
 
 import opforge
 from opforge.models.testing import tiny_decoder
-from opforge.serve import LLM, Engine, RequestOutput, SamplingParams
+from opforge.serve import LLM, Engine, EngineStoppedError, RequestOutput, SamplingParams
 from opforge.testing import DEVICE
 
 EOS = 2
@@ -304,3 +304,23 @@ def test_the_triton_paged_kernels_serve_the_same_tokens(model, solo):
     assert [_tokens(outs[i]) for i in range(4)] == [solo(p, 3) for p in prompts]
     ran = {(e.op, e.backend, e.variant) for e in t if e.op.startswith("paged")}
     assert {e[1] for e in ran} == {"triton"} and len({e[2] for e in ran if e[0] == "paged_attention"}) == 2, ran
+
+
+def test_a_failing_step_ends_every_stream_and_stops_the_engine(monkeypatch):
+    model = tiny_decoder(max_seq_len=64, device=DEVICE)
+    engine = Engine(model, kv_blocks=20, block_size=4)
+    engine.start()
+    with pytest.raises(RuntimeError, match="own thread"):
+        engine.step()
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no memory for the step")
+    monkeypatch.setattr(model, "paged_step", broken)
+    stream = engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4))
+    outs = list(stream)
+    assert outs[-1].finished and outs[-1].finish_reason == "abort" and outs[-1].new_token_ids == []
+    assert isinstance(engine.error, MemoryError)
+    with pytest.raises(EngineStoppedError):
+        engine.add_request("b", [1], SamplingParams())
+    engine.shutdown(timeout=10)
+    assert engine.stats().blocks_used == 0

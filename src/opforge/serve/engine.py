@@ -206,7 +206,11 @@ class Engine:
 
     # ---- the step --------------------------------------------------------------------------------
     def step(self) -> int:
-        """Run one step; returns the number of requests that got a token (0: nothing to do)."""
+        """Run one step; returns the number of requests that got a token (0: nothing to do).
+
+        Only the step loop's thread steps a started engine."""
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise RuntimeError("the engine is started: its own thread runs the steps")
         t0 = time.perf_counter()
         with self._lock:
             chunks = self.scheduler.schedule()
