@@ -12,7 +12,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
@@ -41,8 +41,12 @@ class DecodeGraphs:
         self.seqlens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.cu_seqlens = torch.arange(n + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(n, dtype=torch.long, device=dev)
-        self._host_tables = torch.full((n, max_blocks_per_seq), SCRATCH_BLOCK, dtype=torch.int32, pin_memory=True)
-        self._host_small = torch.zeros(2, n, dtype=torch.long, pin_memory=True)     # tokens, seqlens
+        # two sets of pinned input buffers, used in turn: a step's copies may still be queued while
+        # the next step's inputs are written (when steps overlap)
+        self._host_tables = [torch.full((n, max_blocks_per_seq), SCRATCH_BLOCK, dtype=torch.int32, pin_memory=True)
+                             for _ in range(2)]
+        self._host_small = [torch.zeros(2, n, dtype=torch.long, pin_memory=True) for _ in range(2)]  # tokens, seqlens
+        self._turn = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
 
@@ -50,10 +54,11 @@ class DecodeGraphs:
         """The padded size a decode step of ``batch`` sequences runs at (None: too many)."""
         return next((s for s in self.sizes if s >= batch), None)
 
-    def run(self, tokens: Sequence[int], tables: Sequence[Sequence[int]],
+    def run(self, tokens: Union[Sequence[int], torch.Tensor], tables: Sequence[Sequence[int]],
             starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, V) float32 and greedy tokens (B,) of one decode step: ``tokens[b]`` at
-        position ``starts[b]`` of the sequence whose blocks are ``tables[b]``."""
+        """Logits (B, V) float32 and greedy tokens (B,) of one decode step: ``tokens[b]`` (host
+        ints, or a device tensor) at position ``starts[b]`` of the sequence whose blocks are
+        ``tables[b]``. The outputs are the graph's own buffers: the next replay overwrites them."""
         b = len(tokens)
         n = self.size_for(b)
         width = max(len(row) for row in tables)
@@ -62,14 +67,19 @@ class DecodeGraphs:
         for row in tables:
             flat += row
             flat += [SCRATCH_BLOCK] * (width - len(row))
-        host, small = self._host_tables, self._host_small
+        host, small = self._host_tables[self._turn], self._host_small[self._turn]
+        self._turn ^= 1
         host[:b, :width] = torch.tensor(flat, dtype=torch.int32).view(b, width)
         host[b:n, :width] = SCRATCH_BLOCK
         small[:, b:n] = 0
-        small[0, :b] = torch.tensor(tokens)
+        if not isinstance(tokens, torch.Tensor):
+            small[0, :b] = torch.tensor(tokens)
         small[1, :b] = torch.tensor(starts)
         self.tables[:n].copy_(host[:n], non_blocking=True)          # whole rows: one contiguous copy
-        self.tokens[:n].copy_(small[0, :n], non_blocking=True)
+        if isinstance(tokens, torch.Tensor):
+            self.tokens[:b].copy_(tokens)                           # padding rows keep earlier (valid) ids
+        else:
+            self.tokens[:n].copy_(small[0, :n], non_blocking=True)
         self.seqlens[:n].copy_(small[1, :n], non_blocking=True)
         if n not in self._graphs:
             self._graphs[n] = self._capture(n)
