@@ -13,14 +13,15 @@ request counts by 4, for CPU smoke runs. Reported per workload: generated tokens
 submission to the last token), time to first token p50/p99, peak GPU memory, prefix-cache hit
 rate, preemptions. Greedy decoding; end-of-sequence ignored, so every request makes its tokens.
 
-Peers in the same run: ``static`` (``opforge.models.generate`` on batches of 32 in arrival order,
+``opforge`` runs the engine as it is by default; ``opforge-overlap`` with ``overlap=True`` (a
+greedy decode step's successor launched before its tokens are read). Peers in the same run: ``static`` (``opforge.models.generate`` on batches of 32 in arrival order,
 each batch running to its longest request; tokens/s counts the requested tokens only) and
 ``transformers`` (its continuous batching, ``generate_batch``'s manager with each request's own
 ``max_new_tokens``; when importable; an error is recorded, the run goes on; by default on CUDA
 only, as its start-up takes ~50 s per run on a CPU).
 
 Run: ``opforge bench --suite serve [--shapes 1b,8b] [--dtypes bf16,int4] [--ops ragged-64,...]
-[--impls opforge,static,transformers] [--quick] [--json serve.json]``.
+[--impls opforge,opforge-overlap,static,transformers] [--quick] [--json serve.json]``.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from .model_grid import _config, _first_line, sync
 
 SHAPES = ("tiny", "1b", "8b")
 PRECISIONS = ("bf16", "int8", "int4")
-IMPLS = ("opforge", "static", "transformers")
+IMPLS = ("opforge", "opforge-overlap", "static", "transformers")
 STATIC_BATCH = 32
 
 
@@ -118,11 +119,11 @@ def _warm(engine: Any, vocab: int, longest_prompt: int) -> None:
 
 
 def run_engine(model: Any, w: Workload, device: torch.device, max_num_seqs: int, vocab: int,
-               max_num_batched_tokens: Optional[int] = None) -> dict[str, Any]:
+               max_num_batched_tokens: Optional[int] = None, overlap: bool = False) -> dict[str, Any]:
     """One workload through a new ``Engine``, warmed up first (kernels compiled, graphs captured)."""
     from opforge.serve import Engine, SamplingParams
     engine = Engine(model, max_num_seqs=max_num_seqs, enable_prefix_caching=w.prefix_caching,
-                    max_num_batched_tokens=max_num_batched_tokens)
+                    max_num_batched_tokens=max_num_batched_tokens, overlap=overlap)
     _warm(engine, vocab, max(len(p) for p in w.prompts))
     engine.cache.reset_prefix_cache()
     before = engine.stats()
@@ -147,7 +148,7 @@ def run_engine(model: Any, w: Workload, device: torch.device, max_num_seqs: int,
             "peak_gb": _peak_gb(device), "steps": after.steps - before.steps,
             "preemptions": engine.scheduler.preemptions - preempted,
             "prefix_hit_rate": (after.prefix_cache_hits - before.prefix_cache_hits) / queries if queries else 0.0,
-            "kv_blocks": after.blocks_total}
+            "kv_blocks": after.blocks_total, "overlapped_steps": engine.overlapped_steps}
 
 
 def run_static(model: Any, w: Workload, device: torch.device) -> dict[str, Any]:
@@ -206,7 +207,8 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shapes = shapes or (["1b"] if dev.type == "cuda" else ["tiny"])
     precisions = precisions or ["bf16"]
-    impls = impls or (list(IMPLS) if dev.type == "cuda" else ["opforge", "static"])   # transformers: ~50 s/run on CPU
+    impls = impls or (list(IMPLS) if dev.type == "cuda" else ["opforge", "opforge-overlap", "static"])
+    # (transformers' start-up takes ~50 s per run on a CPU)
     unknown = [s for s in shapes if s not in SHAPES] + [p for p in precisions if p not in PRECISIONS] + \
         [i for i in impls if i not in IMPLS]
     if unknown:
@@ -241,12 +243,14 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
                 model = load(directory, device=dev, dtype=dtype, quantize=quantize, max_seq_len=longest + 8,
                              max_batch=STATIC_BATCH if "static" in impls else 1)
                 max_num_seqs = max(len(w.prompts) for w in ws)
-                if "opforge" in impls:
-                    for w in ws:
-                        record(shape, precision, w, "opforge",
-                               lambda: run_engine(model, w, dev, max_num_seqs, config["vocab_size"],
-                                                  None if scale == 1 else 2048 // scale))
-                        _reset_peak(dev)
+                for impl in ("opforge", "opforge-overlap"):
+                    if impl in impls:
+                        for w in ws:
+                            record(shape, precision, w, impl,
+                                   lambda: run_engine(model, w, dev, max_num_seqs, config["vocab_size"],
+                                                      None if scale == 1 else 2048 // scale,
+                                                      overlap=impl == "opforge-overlap"))
+                            _reset_peak(dev)
                 if "static" in impls:
                     for w in ws:
                         if w.prefix_caching:
@@ -285,7 +289,7 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def _line(row: dict[str, Any]) -> str:
-    head = f"{row['shape']:5s} {row['precision']:5s} {row['workload']:22s} {row['impl']:12s}"
+    head = f"{row['shape']:5s} {row['precision']:5s} {row['workload']:22s} {row['impl']:15s}"
     if "error" in row:
         return f"{head} error: {row['error']}"
     return (f"{head} {row['tokens_per_s']:10.1f} tok/s  ttft p50 {_fmt(row.get('ttft_p50_ms'), '8.1f')} ms "
@@ -303,4 +307,4 @@ def main(args: Any) -> int:
     except ValueError as exc:
         print(f"opforge bench: error: {exc}", file=sys.stderr)
         return 2
-    return 1 if any(r.get("error") and r["impl"] == "opforge" for r in result["rows"]) else 0
+    return 1 if any(r.get("error") and r["impl"].startswith("opforge") for r in result["rows"]) else 0
