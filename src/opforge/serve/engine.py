@@ -185,8 +185,7 @@ class Engine:
         if self.cache.blocks_for(longest) > self.cache.usable_blocks:
             raise ValueError(f"prompt + max_tokens: {longest} positions need {self.cache.blocks_for(longest)} "
                              f"KV-cache blocks, the cache has {self.cache.usable_blocks} (kv_blocks)")
-        seq = Sequence(request_id, ids, params)
-        seq.generator = make_generator(params, self.device)
+        seq = Sequence(request_id, ids, params)    # its generator is made by the step loop (no device work here)
         if self.tokenizer is not None:
             seq.detokenizer = Detokenizer(self.tokenizer, ids)
         stream = RequestStream(request_id, ids)
@@ -345,6 +344,9 @@ class Engine:
                 launched.event.synchronize()
             return launched.host.tolist()
         sampled = launched.sampled
+        for c in sampled:
+            if c.seq.generator is None and not c.seq.params.greedy:
+                c.seq.generator = make_generator(c.seq.params, self.device)
         with torch.no_grad():
             return sample_rows(launched.logits, [c.seq.params for c in sampled], [c.seq.generator for c in sampled],
                                [self._banned(c.seq) for c in sampled])
