@@ -346,7 +346,7 @@ class Engine:
         sampled = launched.sampled
         for c in sampled:
             if c.seq.generator is None and not c.seq.params.greedy:
-                c.seq.generator = make_generator(c.seq.params, self.device)
+                c.seq.generator = make_generator(c.seq.params)
         with torch.no_grad():
             return sample_rows(launched.logits, [c.seq.params for c in sampled], [c.seq.generator for c in sampled],
                                [self._banned(c.seq) for c in sampled])
