@@ -307,8 +307,11 @@ class Engine:
             if prev is not None:
                 where = {id(c.seq): i for i, c in enumerate(prev.sampled)}
                 index = [where[id(c.seq)] for c in chunks]
-                fed = prev.greedy[torch.tensor(index, device=dev)] if index != list(range(len(index))) \
-                    else prev.greedy[:len(index)]
+                if index == list(range(len(index))):
+                    fed = prev.greedy[:len(index)]
+                else:                      # a pinned index: its copy does not wait for the device
+                    where_t = torch.tensor(index)
+                    fed = prev.greedy[(where_t.pin_memory() if dev.type == "cuda" else where_t).to(dev, non_blocking=True)]
             if self._graphs is not None and decode_only and self._graphs.size_for(len(chunks)) is not None:
                 logits, greedy = self._graphs.run(ids if fed is None else fed, tables, starts)
             else:
