@@ -67,8 +67,8 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
 def kv_pool_blocks(model: Any, block_size: int, kv_memory_fraction: float, max_model_len: int,
                    max_num_seqs: int) -> int:
     """Blocks the KV cache gets by default: ``kv_memory_fraction`` of the device memory free now
-    (CUDA; MPS: of the recommended working set left), on CPU enough for ``max_num_seqs`` full-length
-    sequences capped at that fraction of the physical memory."""
+    (CUDA; MPS: of the recommended working set left); on CPU enough for ``max_num_seqs`` full-length
+    sequences, capped at that fraction of the memory available now."""
     per_block = model.kv_bytes_per_token() * block_size
     device = model.device
     if device.type == "cuda":
@@ -78,7 +78,7 @@ def kv_pool_blocks(model: Any, block_size: int, kv_memory_fraction: float, max_m
         budget = (torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()) * kv_memory_fraction
     else:
         wanted = max_num_seqs * -(-max_model_len // block_size) * per_block
-        budget = min(wanted, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * kv_memory_fraction)
+        budget = min(wanted, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * kv_memory_fraction)
     return int(budget // per_block)
 
 
