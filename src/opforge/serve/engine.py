@@ -244,13 +244,15 @@ class Engine:
                 chunks = self.scheduler.schedule()
                 if not chunks:
                     return 0
-                launched = self._launch(chunks, [c.samples for c in chunks])
+                plan = self._plan(chunks, [c.samples for c in chunks])
+            launched = self._launch(plan)
         if self.overlap:
             with self._lock:
                 following = self._speculate(launched)
-                if following is not None:
-                    self._inflight = self._launch(following, [True] * len(following), launched)
-                    self.overlapped_steps += 1
+                plan = None if following is None else self._plan(following, [True] * len(following), launched)
+            if plan is not None:
+                self._inflight = self._launch(plan)
+                self.overlapped_steps += 1
         tokens = self._read(launched)
         with self._lock:
             for chunk in launched.chunks:
@@ -286,9 +288,10 @@ class Engine:
             return None
         return following
 
-    def _launch(self, chunks: list[Chunk], samples: list[bool], prev: Optional["_Launched"] = None) -> "_Launched":
-        """Queue the model call of ``chunks`` (under the lock: it reads the tables). With ``prev``,
-        each chunk's one token is ``prev``'s greedy token of its sequence, still on the device."""
+    def _plan(self, chunks: list[Chunk], samples: list[bool], prev: Optional["_Launched"] = None) -> dict[str, Any]:
+        """The host-side inputs of a model call (read under the lock: tables change between
+        steps). With ``prev``, each chunk's one token is ``prev``'s greedy token of its sequence,
+        still on the device."""
         ids, cu, starts, tables, rows = [], [0], [], [], []
         for c, s in zip(chunks, samples):
             if prev is None:
@@ -299,14 +302,24 @@ class Engine:
             if s:
                 rows.append(cu[-1] - 1)
         sampled = [c for c, s in zip(chunks, samples) if s]
-        greedy_ok = all(c.seq.params.greedy and not self._banned(c.seq) for c in sampled) or prev is not None
-        decode_only = cu[-1] == len(chunks) == len(rows)
+        index = None
+        if prev is not None:
+            where = {id(c.seq): i for i, c in enumerate(prev.sampled)}
+            index = [where[id(c.seq)] for c in chunks]
+        return {"chunks": chunks, "sampled": sampled, "ids": ids, "cu": cu, "starts": starts, "tables": tables,
+                "rows": rows, "prev": prev, "index": index, "decode_only": cu[-1] == len(chunks) == len(rows),
+                "greedy": prev is not None or all(c.seq.params.greedy and not self._banned(c.seq) for c in sampled)}
+
+    def _launch(self, plan: dict[str, Any]) -> "_Launched":
+        """Queue the model call of a plan (outside the lock: adding and aborting go on meanwhile;
+        blocks freed by an abort are reused only by later calls, which the device runs after)."""
+        chunks, sampled, tables, starts, cu = plan["chunks"], plan["sampled"], plan["tables"], plan["starts"], plan["cu"]
+        ids, rows, prev, index = plan["ids"], plan["rows"], plan["prev"], plan["index"]
+        greedy_ok, decode_only = plan["greedy"], plan["decode_only"]
         dev = self.device
         with torch.no_grad():
             fed = None
             if prev is not None:
-                where = {id(c.seq): i for i, c in enumerate(prev.sampled)}
-                index = [where[id(c.seq)] for c in chunks]
                 if index == list(range(len(index))):
                     fed = prev.greedy[:len(index)]
                 else:                      # a pinned index: its copy does not wait for the device
