@@ -262,11 +262,42 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
                                                                                         "transformers", fn))
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+    result["summary"] = summary(result["rows"])
+    for line in result["summary"]:
+        print(line, file=out)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1, default=str)
         print(f"wrote {json_path}", file=out)
     return result
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The comparisons the targets are stated in: each engine run against the static batches of
+    the same workload, and shared-prefix time to first token against the run without caching.
+
+    Example:
+        >>> rows = [{"shape": "1b", "precision": "bf16", "workload": "ragged-64", "impl": i, "tokens_per_s": t}
+        ...         for i, t in (("opforge", 18000.0), ("static", 9000.0))]
+        >>> summary(rows)
+        ['1b bf16 ragged-64: opforge 18000 tokens/s = 2.00x static']
+    """
+    ok = {(r["shape"], r["precision"], r["workload"], r["impl"]): r for r in rows if "error" not in r}
+    lines = []
+    for (shape, precision, workload, impl), r in ok.items():
+        if not impl.startswith("opforge"):
+            continue
+        static = ok.get((shape, precision, workload, "static"))
+        if static:
+            lines.append(f"{shape} {precision} {workload}: {impl} {r['tokens_per_s']:.0f} tokens/s = "
+                         f"{r['tokens_per_s'] / static['tokens_per_s']:.2f}x static")
+        if workload == "shared-prefix":
+            nocache = ok.get((shape, precision, "shared-prefix-nocache", impl))
+            if nocache and nocache.get("ttft_p50_ms"):
+                lines.append(f"{shape} {precision} shared-prefix: {impl} time to first token p50 "
+                             f"{r['ttft_p50_ms']:.1f} ms = {r['ttft_p50_ms'] / nocache['ttft_p50_ms']:.2f}x "
+                             "the run without prefix caching")
+    return lines
 
 
 def _transformers_rows(directory: str, dev: torch.device, dtype: torch.dtype, ws: list[Workload], record: Any) -> None:
