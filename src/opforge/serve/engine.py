@@ -33,7 +33,7 @@ import torch
 from ..models.generate import argmax_rows
 from .graphs import DecodeGraphs
 from .kv_cache import SCRATCH_BLOCK, BlockManager
-from .sampling import SamplingParams, make_generator, sample_rows
+from .sampling import SamplingParams, make_generator, release_text, sample_rows
 from .scheduler import FINISHED, Chunk, Scheduler, Sequence
 from .stream import EngineStats, RequestOutput, RequestStream
 from .tokenizer import Detokenizer, encode
@@ -398,27 +398,10 @@ class Engine:
 
     @staticmethod
     def _release(seq: Sequence, delta: str) -> tuple[str, bool]:
-        """Text that can be released after ``delta``, and whether a stop string ended it. Text that
-        could be the start of a stop string is held back until it is known not to be one."""
-        stops = seq.params.stop
-        if not stops:
-            seq.text += delta
-            return delta, False
-        pending = seq.held + delta
-        found = [i for i in (pending.find(s) for s in stops) if i >= 0]
-        if found:
-            out = pending[:min(found)]
-            seq.text, seq.held = seq.text + out, ""
-            return out, True
-        keep = 0
-        for s in stops:
-            for k in range(min(len(s) - 1, len(pending)), keep, -1):
-                if pending.endswith(s[:k]):
-                    keep = k
-                    break
-        out = pending[:len(pending) - keep]
-        seq.text, seq.held = seq.text + out, pending[len(out):]
-        return out, False
+        """Text of ``seq`` that can be released after ``delta``, and whether a stop string ended it."""
+        out, seq.held, matched = release_text(seq.held, delta, seq.params.stop)
+        seq.text += out
+        return out, matched
 
     def _output(self, seq: Sequence, new: list[int], text: str, reason: Optional[str]) -> RequestOutput:
         ttft = None if seq.first_token_time is None else seq.first_token_time - seq.arrival

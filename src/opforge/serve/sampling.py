@@ -141,3 +141,31 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
         for r, token in zip(rows, drawn.tolist()):
             out[r] = token
     return out
+
+
+def release_text(held: str, delta: str, stops: Sequence[str]) -> tuple[str, str, bool]:
+    """Stop strings on streamed text: ``(released, still_held, stopped)`` after new text ``delta``.
+
+    Text before a stop string is released and the stop string dropped (``stopped``); otherwise
+    everything is released except an ending that could be the start of a stop string, which is
+    held until the next text decides.
+
+    Example:
+        >>> release_text("", "Hello, wo", ["world"])
+        ('Hello, ', 'wo', False)
+        >>> release_text("wo", "rld!", ["world"])
+        ('', '', True)
+        >>> release_text("wo", "w!", ["world"])
+        ('wow!', '', False)
+    """
+    pending = held + delta
+    found = [i for i in (pending.find(s) for s in stops) if i >= 0]
+    if found:
+        return pending[:min(found)], "", True
+    keep = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(pending)), keep, -1):
+            if pending.endswith(s[:k]):
+                keep = k
+                break
+    return pending[:len(pending) - keep], pending[len(pending) - keep:], False
