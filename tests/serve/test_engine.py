@@ -352,3 +352,14 @@ def test_aborts_from_another_thread_while_the_loop_runs(model, solo, overlap):
         assert got[-1].finish_reason == ("abort" if i < 3 else "length")
     assert engine.stats().blocks_used == 0
     engine.cache.check(idle=True)
+
+
+def test_max_model_len_ends_a_request_with_length(model, solo, overlap):
+    engine = Engine(model, overlap=overlap, max_model_len=20, block_size=4, kv_blocks=20)
+    prompt = list(range(3, 18))                            # 15 tokens: room for 5 new ones
+    stream = engine.add_request("r", prompt, SamplingParams(max_tokens=100, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    outs = list(stream)
+    assert _tokens(outs) == solo(prompt, 5) and outs[-1].finish_reason == "length"
+    assert engine.stats().blocks_used == 0
