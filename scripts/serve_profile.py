@@ -73,7 +73,7 @@ def _launch_note(self, plan):
 Engine._launch = _launch_note
 
 
-def timed_run(model, cfg, report, label, w, max_num_seqs, overlap=False, profile_steps=()):
+def timed_run(model, cfg, report, label, w, max_num_seqs, overlap=False, profile_steps=(), host_profile=False):
     engine = Engine(model, max_num_seqs=max_num_seqs, enable_prefix_caching=w.prefix_caching, overlap=overlap)
     tw, nc0 = time.perf_counter(), len(compiles)
     _warm(engine, cfg["vocab_size"], max(len(p) for p in w.prompts))
@@ -85,6 +85,10 @@ def timed_run(model, cfg, report, label, w, max_num_seqs, overlap=False, profile
     streams = [engine.add_request(f"{label}-{i}", p, SamplingParams(max_tokens=n, ignore_eos=True))
                for i, (p, n) in enumerate(zip(w.prompts, w.outputs))]
     i = 0
+    if host_profile:
+        import cProfile
+        host = cProfile.Profile()
+        host.enable()
     while engine.has_unfinished():
         c0, ts = len(compiles), time.perf_counter()
         if i in profile_steps:
@@ -106,6 +110,17 @@ def timed_run(model, cfg, report, label, w, max_num_seqs, overlap=False, profile
                       "shape": getattr(engine, "_last_shape", None)})
         i += 1
     wall = time.perf_counter() - t0
+    if host_profile:
+        import io
+        import pstats
+        host.disable()
+        buf = io.StringIO()
+        stats = pstats.Stats(host, stream=buf)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(45)
+        with open(f"{OUT}/host_{label}.txt", "w") as fh:
+            fh.write(buf.getvalue())
+        print(buf.getvalue()[:6000], flush=True)
     outs = [list(s) for s in streams]
     gen = sum(o[-1].completion_tokens for o in outs)
     ttft = sorted(o[-1].time_to_first_token for o in outs)
@@ -145,6 +160,8 @@ def main(names):
         seqs = (256 if torch.cuda.is_available() else 16) if w.name == "batch1" else len(w.prompts)
         timed_run(model, cfg, report, name + "-first", w, seqs, overlap, (0, 3, 40))
         timed_run(model, cfg, report, name + "-second", w, seqs, overlap)
+        if os.environ.get("HOST_PROFILE"):
+            timed_run(model, cfg, report, name + "-cprofile", w, seqs, overlap, host_profile=True)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,18 @@ class Workload:
 
     @property
     def longest(self) -> int:
+        """Positions the engine needs for one request at most (prompt + its new tokens)."""
         return max(len(p) + n for p, n in zip(self.prompts, self.outputs))
+
+    @property
+    def static_longest(self) -> int:
+        """Positions static ``generate`` needs: its batches of ``STATIC_BATCH`` run every request
+        to the batch's longest prompt plus its most new tokens."""
+        spans = []
+        for i in range(0, len(self.prompts), STATIC_BATCH):
+            batch = range(i, min(i + STATIC_BATCH, len(self.prompts)))
+            spans.append(max(len(self.prompts[j]) for j in batch) + max(self.outputs[j] for j in batch))
+        return max(spans)
 
 
 def workloads(vocab: int, scale: int = 1, names: Optional[Sequence[str]] = None) -> list[Workload]:
@@ -233,7 +244,7 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
         ws = workloads(config["vocab_size"], scale, names)
         if not ws:
             raise ValueError(f"serve suite: no workload among {names}")
-        longest = max(w.longest for w in ws)
+        longest = max(max(w.longest, w.static_longest if "static" in impls else 0) for w in ws)
         dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16       # CPU: bf16 matmuls are slow
         directory = tempfile.mkdtemp(prefix=f"opforge-serve-{shape}-")
         try:

@@ -98,7 +98,7 @@ def _paged_tile(acc, m_i, l_i, q, k_ptr, v_ptr, table_row, num_blocks, k_head, v
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lse_off", "tokens", "mq", "rows", "capacity", "max_blocks", "num_splits"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, po_ptr, lse_off, o_ptr,
                          tokens, hkv, hq, mq, rows, capacity, max_blocks, num_blocks, num_splits, qk_scale,
                          q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh,
@@ -169,7 +169,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, po_p
             tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lse_off", "tokens", "mq", "num_splits"])
 def _combine_kernel(po_ptr, lse_off, o_ptr, cu_ptr, tokens, hq, mq, num_splits, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = False):
     """Merge the slices of query row (sequence b, new token i, head): weights 2^(lse - max), empty
@@ -203,7 +203,7 @@ def _combine_kernel(po_ptr, lse_off, o_ptr, cu_ptr, tokens, hq, mq, num_splits, 
         tl.store(o_ptr + (tok * hq + head) * D + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens", "min_n", "capacity", "max_blocks"])
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, o_ptr, tokens, hq, group, min_n, capacity,
                     max_blocks, num_blocks, qk_scale, q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_st, o_sh,
                     BS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
