@@ -8,10 +8,10 @@ from opforge.bench.suites.serve import workloads
 def test_the_serve_suite_runs_and_writes_json(tmp_path, capsys):
     out = tmp_path / "serve.json"
     code = main(["--suite", "serve", "--quick", "--device", "cpu", "--ops", "batch1,shared-prefix",
-                 "--impls", "opforge-overlap,static", "--json", str(out)])
+                 "--impls", "opforge,static", "--json", str(out)])
     assert code == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["workload"], r["impl"]) for r in rows] == [("batch1", "opforge-overlap"), ("shared-prefix", "opforge-overlap"),
+    assert [(r["workload"], r["impl"]) for r in rows] == [("batch1", "opforge"), ("shared-prefix", "opforge"),
                                                           ("batch1", "static"), ("shared-prefix", "static")]
     assert all(r["tokens_per_s"] > 0 and "error" not in r for r in rows)
     assert rows[0]["generated"] == 32 and rows[1]["prefix_hit_rate"] > 0.5 and rows[0]["overlapped_steps"] > 0

@@ -99,7 +99,8 @@ class Engine:
             ``max(2048, max_num_seqs)``.
         cuda_graphs: on CUDA, replay decode-only steps from CUDA graphs.
         overlap: launch a greedy decode step's successor before reading its tokens (see
-            ``step``); off by default until measured on a GPU.
+            ``step``), so the host's per-token work runs while the device computes. On by
+            default: on an H100 (1B, bf16) it took batch-1 decoding from ~480 to ~830 tokens/s.
         tokenizer: a ``tokenizers.Tokenizer`` for string prompts, text and stop strings
             (default: the model's ``tokenizer`` attribute, if any).
     """
@@ -107,7 +108,7 @@ class Engine:
     def __init__(self, model: Any, *, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
                  block_size: int = 16, kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: Optional[int] = None,
-                 cuda_graphs: bool = True, overlap: bool = False, tokenizer: Any = _FROM_MODEL):
+                 cuda_graphs: bool = True, overlap: bool = True, tokenizer: Any = _FROM_MODEL):
         _positive_int("max_num_seqs", max_num_seqs)
         _positive_int("block_size", block_size)
         max_model_len = model.max_seq_len if max_model_len is None else _positive_int("max_model_len", max_model_len, 2)

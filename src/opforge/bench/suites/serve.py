@@ -13,15 +13,15 @@ request counts by 4, for CPU smoke runs. Reported per workload: generated tokens
 submission to the last token), time to first token p50/p99, peak GPU memory, prefix-cache hit
 rate, preemptions. Greedy decoding; end-of-sequence ignored, so every request makes its tokens.
 
-``opforge`` runs the engine as it is by default; ``opforge-overlap`` with ``overlap=True`` (a
-greedy decode step's successor launched before its tokens are read). Peers in the same run: ``static`` (``opforge.models.generate`` on batches of 32 in arrival order,
+``opforge`` runs the engine as it is by default (overlapped decode steps: a greedy decode step's
+successor launched before its tokens are read); ``opforge-serial`` with ``overlap=False``. Peers in the same run: ``static`` (``opforge.models.generate`` on batches of 32 in arrival order,
 each batch running to its longest request; tokens/s counts the requested tokens only) and
 ``transformers`` (its continuous batching, ``generate_batch``'s manager with each request's own
 ``max_new_tokens``; when importable; an error is recorded, the run goes on; by default on CUDA
 only, as its start-up takes ~50 s per run on a CPU).
 
 Run: ``opforge bench --suite serve [--shapes 1b,8b] [--dtypes bf16,int4] [--ops ragged-64,...]
-[--impls opforge,opforge-overlap,static,transformers] [--quick] [--json serve.json]``.
+[--impls opforge,opforge-serial,static,transformers] [--quick] [--json serve.json]``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from .model_grid import _config, _first_line, sync
 
 SHAPES = ("tiny", "1b", "8b")
 PRECISIONS = ("bf16", "int8", "int4")
-IMPLS = ("opforge", "opforge-overlap", "static", "transformers")
+IMPLS = ("opforge", "opforge-serial", "static", "transformers")
 STATIC_BATCH = 32
 
 
@@ -116,10 +116,15 @@ def _reset_peak(device: torch.device) -> None:
 
 
 def _warm(engine: Any, vocab: int, longest_prompt: int) -> None:
-    """Compile the kernels and capture every padded decode size: requests ending one step apart
-    take the batch through all sizes; one long prompt runs the prefill path."""
+    """Compile the kernels and capture every padded decode size: one long prompt alone (a step of
+    one sequence), then requests ending one step apart take the batch through all sizes, and one
+    more long prompt runs the prefill path beside decode tokens."""
     from opforge.serve import SamplingParams
     n = engine.max_num_seqs
+    engine.add_request("warm-solo", [5] * min(longest_prompt, engine.max_model_len - 2),
+                       SamplingParams(max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
     for i in range(n):
         engine.add_request(f"warm{i}", [3 + i % (vocab - 3)] * 8, SamplingParams(max_tokens=i + 1, ignore_eos=True))
     engine.add_request("warm-long", [5] * min(longest_prompt, engine.max_model_len - 2),
@@ -130,7 +135,7 @@ def _warm(engine: Any, vocab: int, longest_prompt: int) -> None:
 
 
 def run_engine(model: Any, w: Workload, device: torch.device, max_num_seqs: int, vocab: int,
-               max_num_batched_tokens: Optional[int] = None, overlap: bool = False) -> dict[str, Any]:
+               max_num_batched_tokens: Optional[int] = None, overlap: bool = True) -> dict[str, Any]:
     """One workload through a new ``Engine``, warmed up first (kernels compiled, graphs captured)."""
     from opforge.serve import Engine, SamplingParams
     engine = Engine(model, max_num_seqs=max_num_seqs, enable_prefix_caching=w.prefix_caching,
@@ -218,7 +223,7 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shapes = shapes or (["1b"] if dev.type == "cuda" else ["tiny"])
     precisions = precisions or ["bf16"]
-    impls = impls or (list(IMPLS) if dev.type == "cuda" else ["opforge", "opforge-overlap", "static"])
+    impls = impls or (list(IMPLS) if dev.type == "cuda" else ["opforge", "opforge-serial", "static"])
     # (transformers' start-up takes ~50 s per run on a CPU)
     unknown = [s for s in shapes if s not in SHAPES] + [p for p in precisions if p not in PRECISIONS] + \
         [i for i in impls if i not in IMPLS]
@@ -254,13 +259,13 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
                 model = load(directory, device=dev, dtype=dtype, quantize=quantize, max_seq_len=longest + 8,
                              max_batch=STATIC_BATCH if "static" in impls else 1)
                 max_num_seqs = max(len(w.prompts) for w in ws)
-                for impl in ("opforge", "opforge-overlap"):
+                for impl in ("opforge", "opforge-serial"):
                     if impl in impls:
                         for w in ws:
                             record(shape, precision, w, impl,
                                    lambda: run_engine(model, w, dev, max_num_seqs, config["vocab_size"],
                                                       None if scale == 1 else 2048 // scale,
-                                                      overlap=impl == "opforge-overlap"))
+                                                      overlap=impl == "opforge"))
                             _reset_peak(dev)
                 if "static" in impls:
                     for w in ws:

@@ -351,11 +351,13 @@ def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: 
     return out
 
 
-def launch_mixed(call: AttentionCall, splits: Optional[int] = None) -> torch.Tensor:
+def launch_mixed(call: AttentionCall, splits: Optional[int] = 1) -> torch.Tensor:
     """A step with long chunks (``max_query_len`` > 16): the prefill kernel for the sequences with
     more than 16 new tokens and the split-KV kernel for the others (decode tokens beside prefill
     chunks), each reading the counts on the device and leaving the other kernel's sequences alone;
-    ``splits`` overrides the split kernel's slice count."""
+    ``splits`` sets the split kernel's slice count (None: the decode rule). One slice by default:
+    the chunks' tiles dominate such a step, and one compiled variant serves every mixed step
+    whatever its batch (the decode rule's choice changed with it and compiled mid-serving)."""
     out = _output(call)
     _decode_into(call, out, MAX_DECODE_QUERIES, splits)
     _prefill_into(call, out, MAX_DECODE_QUERIES + 1)
