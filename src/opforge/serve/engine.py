@@ -96,7 +96,8 @@ class Engine:
         kv_blocks: the KV cache's blocks, explicitly.
         enable_prefix_caching: share the full blocks of equal prompt prefixes across requests.
         max_num_batched_tokens: tokens per step at most (decode tokens + prefill chunks); default
-            ``max(2048, max_num_seqs)``.
+            ``max(8192, max_num_seqs)``: a step with prefill costs the host about the same
+            whatever its tokens, so larger chunks keep the device busy (see docs/serving.md).
         cuda_graphs: on CUDA, replay decode-only steps from CUDA graphs.
         overlap: launch a greedy decode step's successor before reading its tokens (see
             ``step``), so the host's per-token work runs while the device computes. On by
@@ -116,7 +117,7 @@ class Engine:
             raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's max_seq_len ({model.max_seq_len}): "
                              "load the model with a larger max_seq_len")
         if max_num_batched_tokens is None:
-            max_num_batched_tokens = max(2048, max_num_seqs)
+            max_num_batched_tokens = max(8192, max_num_seqs)
         _positive_int("max_num_batched_tokens", max_num_batched_tokens)
         if isinstance(kv_memory_fraction, bool) or not isinstance(kv_memory_fraction, (int, float)) \
                 or not 0 < kv_memory_fraction <= 1:
