@@ -1,19 +1,19 @@
 """Generation: prefill, then one decode step per token (replayed from a CUDA graph on CUDA)."""
 from __future__ import annotations
 
+import functools
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from .decoder import Decoder
-
 
 @dataclass
 class GenerationStats:
-    """Timings of the last ``generate`` call (``model.last_stats``)."""
+    """Timings of the last ``generate`` call of a model (``model.last_stats``, ``last_stats(model)``)."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -32,12 +32,35 @@ class GenerationStats:
         return self.new_tokens / self.decode_s if self.decode_s else 0.0
 
 
+_GRAPHS: "weakref.WeakKeyDictionary[Any, dict[tuple, _GraphStep]]" = weakref.WeakKeyDictionary()
+_STATS: "weakref.WeakKeyDictionary[Any, GenerationStats]" = weakref.WeakKeyDictionary()
+
+
+def last_stats(model: Any) -> Optional[GenerationStats]:
+    """The timings of ``model``'s last ``generate`` call (None before the first)."""
+    return _STATS.get(model)
+
+
+def graph_step(model: Any, batch: int, greedy: bool) -> "_GraphStep":
+    """The captured decode step of ``model`` for ``batch`` sequences (captured on first use, kept
+    as long as the model lives)."""
+    graphs = _GRAPHS.setdefault(model, {})
+    if (batch, greedy) not in graphs:
+        graphs[(batch, greedy)] = _GraphStep(model, batch, greedy=greedy)
+    return graphs[(batch, greedy)]
+
+
+def release_graphs(model: Any) -> None:
+    """Drop ``model``'s captured decode steps (and the memory they hold)."""
+    _GRAPHS.pop(model, None)
+
+
 class _GraphStep:
     """One captured decode step for batch size B: static token input, logits output. ``greedy``
     also captures what follows the step in greedy decoding (argmax, the lengths' increment, the
     new tokens fed back as the next input), so a token costs one replay and no other launch."""
 
-    def __init__(self, model: Decoder, batch: int, greedy: bool = False):
+    def __init__(self, model: Any, batch: int, greedy: bool = False):
         self.tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
         self.seqlens = model.cache_seqlens[:batch]
         self.greedy = greedy
@@ -68,6 +91,7 @@ class _GraphStep:
         return self.next
 
 
+@functools.lru_cache(maxsize=None)
 def _argmax_chunk(v: int) -> Optional[int]:
     """The largest divisor of ``v`` in 256..2048 (a chunk of ``argmax_rows``' first stage), or None."""
     for chunk in range(2048, 255, -1):
@@ -148,7 +172,7 @@ def _check_request(prompts: list[list[int]], vocab_size: int, max_new_tokens: in
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
 
 
-def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
+def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
              max_new_tokens: int, *, temperature: float = 0.0, top_k: Optional[int] = None,
              top_p: Optional[float] = None, stop_ids: Sequence[int] = (),
              stream: Optional[Callable[[int, int], None]] = None, generator: Optional[torch.Generator] = None,
@@ -156,6 +180,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
     """Generate up to ``max_new_tokens`` per prompt; returns the new tokens of each prompt.
 
     Args:
+        model: an ``opforge.models.Decoder``; it uses the model's static KV cache.
         input_ids: one prompt (list of ints or 1-D tensor), a batch of prompts of any lengths
             (list of lists, right-padded internally), or a (B, S) tensor.
         temperature: 0 is greedy; otherwise softmax sampling with ``top_k``/``top_p`` filtering.
@@ -194,7 +219,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
     lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
     use_graphs = graphs and model.device.type == "cuda"
     stats = GenerationStats(prompt_tokens=int(lengths.sum()), graphs=use_graphs)
-    model.last_stats = stats
+    _STATS[model] = stats
     stops = set(int(s) for s in stop_ids)
     out: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
@@ -226,10 +251,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
         greedy = temperature <= 0
         if use_graphs and not all(done):
             t1 = time.perf_counter()
-            key = (b, greedy)
-            if key not in model._graphs:
-                model._graphs[key] = _GraphStep(model, b, greedy=greedy)
-            step = model._graphs[key]
+            step = graph_step(model, b, greedy)
             if step.greedy:
                 greedy_graph = step
                 greedy_graph.tokens.copy_(tokens)

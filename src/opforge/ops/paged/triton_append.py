@@ -40,7 +40,7 @@ def _token_slot(tok, cu_ptr, lens_ptr, tables_ptr, batch, max_blocks, num_blocks
     return pos, blk.to(tl.int64) * BS + (pos % BS), ok
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch", "max_blocks"])
 def _append_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, cu_ptr, lens_ptr, tables_ptr, batch, max_blocks, num_blocks, hkv,
                    k_st, k_sh, v_st, v_sh, kp_ss, kp_sh, vp_ss, vp_sh,
                    BS: tl.constexpr, LOG_B: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, HB: tl.constexpr,
@@ -83,7 +83,7 @@ def _rotate_store(x_ptr, o_ptr, x_row, o_row, heads, ok, c, sn, o_sh, x_sh, HALF
         tl.store(o_ptr + os + t[None, :], tail, mask=tm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch", "max_blocks"])
 def _rotary_append_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kp_ptr, vp_ptr, cos_ptr, sin_ptr, pos_ptr, cu_ptr, lens_ptr,
                           tables_ptr, batch, max_blocks, num_blocks, hq, hkv, HALF, D, P, q_groups, k_groups,
                           q_st, q_sh, qo_st, qo_sh, k_st, k_sh, v_st, v_sh, kp_ss, kp_sh, vp_ss, vp_sh, c_s, s_s,
@@ -125,8 +125,15 @@ _rotary_append = TritonLauncher(_rotary_append_kernel)
 
 
 def _log_b(batch: int) -> int:
-    """Binary-search steps that find one of ``batch`` sequences."""
-    return max(batch - 1, 0).bit_length()
+    """Binary-search steps that find one of ``batch`` sequences, rounded up to a multiple of 4 (at
+    least 4): the step count is a compile-time constant, and a search with spare steps ends where
+    it stood, so batches of 1..16, 17..256, 257..4096 sequences share one compiled kernel each.
+
+    Example:
+        >>> [_log_b(b) for b in (1, 2, 16, 17, 256, 257)]
+        [4, 4, 4, 8, 8, 12]
+    """
+    return max(4, -(-max(batch - 1, 0).bit_length() // 4) * 4)
 
 
 def launch_append(call: AppendCall) -> None:

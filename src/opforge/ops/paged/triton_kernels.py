@@ -98,7 +98,7 @@ def _paged_tile(acc, m_i, l_i, q, k_ptr, v_ptr, table_row, num_blocks, k_head, v
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lse_off", "tokens", "mq", "rows", "capacity", "max_blocks", "num_splits"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, po_ptr, lse_off, o_ptr,
                          tokens, hkv, hq, mq, rows, capacity, max_blocks, num_blocks, num_splits, qk_scale,
                          q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh,
@@ -169,7 +169,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, po_p
             tl.store(po_ptr + part[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lse_off", "tokens", "mq", "num_splits"])
 def _combine_kernel(po_ptr, lse_off, o_ptr, cu_ptr, tokens, hq, mq, num_splits, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = False):
     """Merge the slices of query row (sequence b, new token i, head): weights 2^(lse - max), empty
@@ -203,7 +203,7 @@ def _combine_kernel(po_ptr, lse_off, o_ptr, cu_ptr, tokens, hq, mq, num_splits, 
         tl.store(o_ptr + (tok * hq + head) * D + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens", "min_n", "capacity", "max_blocks"])
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, o_ptr, tokens, hq, group, min_n, capacity,
                     max_blocks, num_blocks, qk_scale, q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_st, o_sh,
                     BS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -351,11 +351,13 @@ def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: 
     return out
 
 
-def launch_mixed(call: AttentionCall, splits: Optional[int] = None) -> torch.Tensor:
+def launch_mixed(call: AttentionCall, splits: Optional[int] = 1) -> torch.Tensor:
     """A step with long chunks (``max_query_len`` > 16): the prefill kernel for the sequences with
     more than 16 new tokens and the split-KV kernel for the others (decode tokens beside prefill
     chunks), each reading the counts on the device and leaving the other kernel's sequences alone;
-    ``splits`` overrides the split kernel's slice count."""
+    ``splits`` sets the split kernel's slice count (None: the decode rule). One slice by default:
+    the chunks' tiles dominate such a step, and one compiled variant serves every mixed step
+    whatever its batch (the decode rule's choice changed with it and compiled mid-serving)."""
     out = _output(call)
     _decode_into(call, out, MAX_DECODE_QUERIES, splits)
     _prefill_into(call, out, MAX_DECODE_QUERIES + 1)
