@@ -150,6 +150,18 @@ def open_gguf(path: Union[str, os.PathLike]) -> GGUFFile:
     return GGUFFile(path, metadata, tensors)
 
 
+def _quantized(codes: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], bits: int, group: int,
+               info: TensorInfo, path: str) -> QuantizedWeight:
+    """Codes (N, K) uint8 in range by construction, packed here without ``from_codes``'
+    int32 round trip (int4: two codes a byte, low nibble first; four bytes a little-endian word)."""
+    for what, t in (("scales", scales), ("zeros", zeros)):
+        if t is not None and not bool(torch.isfinite(t).all()):
+            raise GGUFError(f"{info.kind} block {what} hold a non-finite value", path, info.name)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int32) if bits == 4 else codes.contiguous()
+    return QuantizedWeight(packed.contiguous(), scales.t().contiguous(),
+                           None if zeros is None else zeros.t().contiguous(), bits, group, tuple(codes.shape))
+
+
 def decode_tensor(info: TensorInfo, path: str = "") -> Union[torch.Tensor, QuantizedWeight]:
     """One tensor on the CPU: dense (in its file dtype; float32 for types decoded by ``gguf``)
     or a ``QuantizedWeight`` for ggml block formats opforge holds (2-D tensors only)."""
@@ -159,7 +171,7 @@ def decode_tensor(info: TensorInfo, path: str = "") -> Union[torch.Tensor, Quant
     if info.kind in BLOCKS and len(info.shape) == 2:
         raw = torch.from_numpy(np.array(info.data, dtype=np.uint8)).reshape(info.shape[0], -1)
         codes, scales, zeros, bits, group = decode_blocks(info.kind, raw, info.shape[1])
-        return QuantizedWeight.from_codes(codes, scales, zeros, bits, group)
+        return _quantized(codes, scales, zeros, bits, group, info, path)
     gguf = _gguf()
     try:
         dense = gguf.quants.dequantize(np.array(info.data), gguf.GGMLQuantizationType[info.kind])

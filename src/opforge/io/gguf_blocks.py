@@ -76,22 +76,22 @@ def _affine(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> t
 
 def _q8_0(b: torch.Tensor) -> Parts:
     d = b[..., 0:2].contiguous().view(torch.float16).squeeze(-1)
-    q = b[..., 2:].contiguous().view(torch.int8).to(torch.int32) + 128
+    q = b[..., 2:] ^ 0x80                  # int8 q -> q + 128 as a byte
     return q, d, None, 8, 32
 
 
 def _q4_0(b: torch.Tensor) -> Parts:
     d = b[..., 0:2].contiguous().view(torch.float16).squeeze(-1)
-    return _nibbles(b[..., 2:]).to(torch.int32), d, None, 4, 32
+    return _nibbles(b[..., 2:]), d, None, 4, 32
 
 
 def _q4_1(b: torch.Tensor) -> Parts:
-    codes, scale, zero = _affine(_nibbles(b[..., 4:]).to(torch.int32), _f16(b[..., 0:2]), _f16(b[..., 2:4]))
+    codes, scale, zero = _affine(_nibbles(b[..., 4:]), _f16(b[..., 0:2]), _f16(b[..., 2:4]))
     return codes, scale, zero, 4, 32
 
 
 def _q5_low_high(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
-    return (_nibbles(qs) | (_bits_of(qh, 32) << 4)).to(torch.int32)
+    return _nibbles(qs) | (_bits_of(qh, 32) << 4)
 
 
 def _q5_0(b: torch.Tensor) -> Parts:
@@ -110,7 +110,7 @@ def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     each: sub-blocks 0..3 in the low 6 bits of bytes 0..3 (scales) and 4..7 (minimums);
     sub-blocks 4..7 as a low nibble in bytes 8..11 (scale: low, minimum: high) with the top 2 bits
     of bytes 0..3 (scales) and 4..7 (minimums) on top."""
-    p = packed.to(torch.int32)
+    p = packed
     lo_sc, lo_mn = p[..., 0:4] & 63, p[..., 4:8] & 63
     hi_sc = (p[..., 8:12] & 0xF) | ((p[..., 0:4] >> 6) << 4)
     hi_mn = (p[..., 8:12] >> 4) | ((p[..., 4:8] >> 6) << 4)
@@ -130,7 +130,7 @@ def _k_groups(b: torch.Tensor, codes: torch.Tensor, bits: int) -> Parts:
 def _k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
     """128 bytes -> 256 4-bit codes: each 32-byte chunk gives 32 low nibbles, then 32 high ones."""
     chunks = qs.unflatten(-1, (4, 32))
-    return torch.cat([chunks & 0xF, chunks >> 4], dim=-1).flatten(-2).to(torch.int32)
+    return torch.cat([chunks & 0xF, chunks >> 4], dim=-1).flatten(-2)
 
 
 def _q4_k(b: torch.Tensor) -> Parts:
@@ -140,13 +140,13 @@ def _q4_k(b: torch.Tensor) -> Parts:
 def _q5_k(b: torch.Tensor) -> Parts:
     low = _k_low_nibbles(b[..., 48:176])
     # bit 2c of byte l of qh is element l of sub-block 2c; bit 2c+1 is element l of sub-block 2c+1
-    qh = b[..., 16:48].to(torch.int32)
+    qh = b[..., 16:48]
     high = torch.stack([(qh >> j) & 1 for j in range(8)], dim=-2).flatten(-2)   # sub-block j, element l
     return _k_groups(b, low | (high << 4), 8)
 
 
 def _q6_k(b: torch.Tensor) -> Parts:
-    ql, qh = b[..., 0:128].to(torch.int32), b[..., 128:192].to(torch.int32)
+    ql, qh = b[..., 0:128], b[..., 128:192]
     sc = b[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
     d = _f16(b[..., 208:210])
     halves = []
@@ -168,7 +168,7 @@ _DECODERS: dict[str, Callable[[torch.Tensor], Parts]] = {
 
 
 def decode_blocks(kind: str, raw: torch.Tensor, k: int) -> Parts:
-    """A (N, bytes per row) uint8 tensor of ``kind`` blocks -> ``(codes (N, K) int32, scales (N, G),
+    """A (N, bytes per row) uint8 tensor of ``kind`` blocks -> ``(codes (N, K) uint8, scales (N, G),
     zeros (N, G) or None, bits, group)`` for ``QuantizedWeight.from_codes``.
 
     Example:
