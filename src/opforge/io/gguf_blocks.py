@@ -68,10 +68,11 @@ def _affine(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> t
     """Groups ``scale * code + offset`` (codes (N, G, group), scale and offset (N, G) float32) as
     ``(code - zero) * scale``; a group with scale 0 is constant: code 0, zero -1, scale = offset."""
     flat = scale == 0
+    if not bool(flat.any()):
+        return codes, scale, -offset / scale
     zero = torch.where(flat, torch.full_like(scale, -1.0), -offset / torch.where(flat, torch.ones_like(scale), scale))
-    scale = torch.where(flat, offset, scale)
-    codes = torch.where(flat.unsqueeze(-1), torch.zeros_like(codes), codes)
-    return codes, scale, zero
+    codes = codes.masked_fill(flat.unsqueeze(-1), 0)
+    return codes, torch.where(flat, offset, scale), zero
 
 
 def _q8_0(b: torch.Tensor) -> Parts:

@@ -20,10 +20,9 @@ from typing import Any, Optional, Union
 import torch
 
 import opforge
+from opforge.io.errors import GGUFError
 from opforge.io.gguf import GGUFFile, decode_tensor, open_gguf
 from opforge.io.gguf_tokenizer import chat_template_from_metadata, tokenizer_from_metadata
-
-from .config import UnsupportedModelError
 
 #: GGUF ``general.architecture`` -> Hugging Face ``model_type``, and whether q/k rows are permuted.
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("mistral", True), "qwen2": ("qwen2", False),
@@ -85,30 +84,30 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: str
     """The Hugging Face ``config.json`` fields the file's metadata describes."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
-        raise UnsupportedModelError(f"{path}: GGUF architecture {arch!r} is not supported "
-                                    f"({', '.join(ARCHITECTURES)})")
+        raise GGUFError(f"architecture {arch!r} (general.architecture) is not supported "
+                        f"({', '.join(ARCHITECTURES)})", path)
 
     def get(key: str, default: Any = None, required: bool = True) -> Any:
         value = meta.get(f"{arch}.{key}", default)
         if value is None and required:
-            raise UnsupportedModelError(f"{path}: metadata {arch}.{key} missing")
+            raise GGUFError(f"metadata {arch}.{key} missing", path)
         return value
 
     if "rope_freqs.weight" in tensor_names:
-        raise UnsupportedModelError(f"{path}: tensor rope_freqs.weight (per-frequency rope factors, as in "
-                                    "Llama 3.1+) is not supported")
+        raise GGUFError("per-frequency rope factors (as in Llama 3.1+ files) are not supported", path,
+                        "rope_freqs.weight")
     heads = get("attention.head_count")
     hidden = get("embedding_length")
     head_dim = get("attention.key_length", hidden // heads, required=False)
     if get("rope.dimension_count", head_dim, required=False) != head_dim:
-        raise UnsupportedModelError(f"{path}: partial rotary ({arch}.rope.dimension_count="
-                                    f"{get('rope.dimension_count')} of head_dim {head_dim}) is not supported")
+        raise GGUFError(f"partial rotary ({arch}.rope.dimension_count={get('rope.dimension_count')} of "
+                        f"head_dim {head_dim}) is not supported", path)
     scaling = None
     kind = get("rope.scaling.type", "none", required=False)
     if kind == "linear":
         scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
     elif kind not in ("none", None):
-        raise UnsupportedModelError(f"{path}: {arch}.rope.scaling.type {kind!r} is not supported (linear or none)")
+        raise GGUFError(f"{arch}.rope.scaling.type {kind!r} is not supported (linear or none)", path)
     eos = meta.get("tokenizer.ggml.eos_token_id")
     eot = meta.get("tokenizer.ggml.eot_token_id")
     eos_ids = [i for i in (eos, eot) if i is not None]
