@@ -22,7 +22,8 @@ def _random_blocks(kind: str, rows: int, blocks_per_row: int, seed: int) -> np.n
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, (rows, blocks_per_row, nbytes), dtype=np.uint8)
     for at in _F16_AT[kind]:
-        raw[..., at:at + 2] = rng.uniform(-0.05, 0.05, (rows, blocks_per_row)).astype(np.float16)[..., None].view(np.uint8)
+        scales = rng.uniform(-0.05, 0.05, (rows, blocks_per_row)).astype(np.float16)
+        raw[..., at:at + 2] = scales[..., None].view(np.uint8)
     raw[0, 0, _F16_AT[kind][0]:_F16_AT[kind][0] + 2] = np.zeros(2, np.uint8)     # a block with scale 0
     return raw.reshape(rows, blocks_per_row * nbytes)
 

@@ -47,7 +47,8 @@ def test_dense_and_quantized_tensors_hold_the_files_values(good):
     got = opforge.load_gguf(good)
     reader = gguf.GGUFReader(str(good))
     for t in reader.tensors:
-        ref = np.asarray(t.data) if t.tensor_type.name in ("F32", "F16") else gguf.quants.dequantize(t.data, t.tensor_type)
+        dense_type = t.tensor_type.name in ("F32", "F16")
+        ref = np.asarray(t.data) if dense_type else gguf.quants.dequantize(t.data, t.tensor_type)
         value = got[t.name]
         if isinstance(value, opforge.QuantizedWeight):
             tol = 0 if t.tensor_type.name in ("Q8_0", "Q4_0") else 1e-6

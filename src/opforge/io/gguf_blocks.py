@@ -182,5 +182,5 @@ def decode_blocks(kind: str, raw: torch.Tensor, k: int) -> Parts:
     n = raw.shape[0]
     blocks = raw.reshape(n, k // per_block, nbytes)
     codes, scales, zeros, bits, group = _DECODERS[kind](blocks)
-    return codes.reshape(n, k), scales.reshape(n, k // group), None if zeros is None else zeros.reshape(n, k // group), \
-        bits, group
+    zeros = None if zeros is None else zeros.reshape(n, k // group)
+    return codes.reshape(n, k), scales.reshape(n, k // group), zeros, bits, group

@@ -1,22 +1,13 @@
-"""``opforge generate MODEL_DIR --prompt "..."``: stream text, then speed, memory and kernels."""
+"""``opforge generate MODEL --prompt "..."``: stream text, then speed, memory and kernels (MODEL: a
+Hugging Face directory or a GGUF file)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from typing import Optional, Sequence
 
 import torch
-
-
-def _tokenizer(model_dir: str):
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return None
-    path = os.path.join(model_dir, "tokenizer.json")
-    return Tokenizer.from_file(path) if os.path.exists(path) else None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -32,11 +23,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         (0, True)
     """
     parser = argparse.ArgumentParser(prog="opforge generate", description=__doc__)
-    parser.add_argument("model_dir")
-    parser.add_argument("--prompt", default="", help="text (needs the `tokenizers` package and tokenizer.json)")
+    parser.add_argument("model_dir", metavar="MODEL", help="a Hugging Face directory or a .gguf file")
+    parser.add_argument("--prompt", default="", help="text (needs the `tokenizers` package and the model's tokenizer: "
+                        "tokenizer.json or the GGUF file's vocabulary)")
     parser.add_argument("--prompt-ids", help="comma-separated token ids instead of text")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--quantize", choices=["int8", "int4"])
+    parser.add_argument("--quantize", choices=["dense", "int8", "int4"],
+                        help="default: the weights as stored (a GGUF file's quantized ones kept)")
     parser.add_argument("--quantize-head", action="store_true", help="with --quantize, also the output head")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-k", type=int)
@@ -50,14 +43,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     import opforge
     from .loader import load
+    from .tokenizer import checkpoint_tokenizer
     if not args.prompt and not args.prompt_ids:
-        print("error: give a prompt: --prompt TEXT (with the `tokenizers` package and MODEL_DIR/tokenizer.json) "
+        print("error: give a prompt: --prompt TEXT (with the `tokenizers` package and the model's tokenizer) "
               "or --prompt-ids 1,2,3", file=sys.stderr)
         return 2
     if args.readback < 1:
         print(f"error: --readback takes a number of decode steps >= 1, got {args.readback}", file=sys.stderr)
         return 2
-    tok = _tokenizer(args.model_dir)
+    tok, _ = checkpoint_tokenizer(args.model_dir)
     if args.prompt_ids:
         try:
             ids = [int(t) for t in args.prompt_ids.split(",")]
@@ -65,8 +59,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: --prompt-ids takes comma-separated integers, got {args.prompt_ids!r}", file=sys.stderr)
             return 2
     elif tok is None:
-        print("error: --prompt needs the `tokenizers` package and MODEL_DIR/tokenizer.json "
-              "(pip install tokenizers), or pass --prompt-ids", file=sys.stderr)
+        print("error: --prompt needs the `tokenizers` package and a tokenizer (MODEL/tokenizer.json or a GGUF "
+              "vocabulary) (pip install tokenizers), or pass --prompt-ids", file=sys.stderr)
         return 2
     else:
         ids = tok.encode(args.prompt).ids

@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Optional, Union
 
@@ -156,3 +157,16 @@ class GGUFCheckpoint:
                 t = unpermute_rows(t, heads[proj])
             out[name] = t.to(device) if isinstance(t, opforge.QuantizedWeight) else t.to(device, dtype)
         return out
+
+
+@functools.lru_cache(maxsize=1)
+def _cached(path: str, mtime_ns: int, size: int) -> GGUFCheckpoint:
+    return GGUFCheckpoint(path)
+
+
+def open_checkpoint(path: Union[str, os.PathLike]) -> GGUFCheckpoint:
+    """``GGUFCheckpoint(path)``, the last one kept (while the file is unchanged): a tokenizer read
+    before the model (as ``opforge generate`` does) does not parse the header twice."""
+    path = os.path.abspath(os.fspath(path))
+    st = os.stat(path)
+    return _cached(path, st.st_mtime_ns, st.st_size)

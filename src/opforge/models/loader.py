@@ -13,7 +13,8 @@ import opforge
 
 from .config import UnsupportedModelError, parse_config
 from .decoder import Decoder, Layer
-from .gguf import GGUFCheckpoint, is_gguf
+from .gguf import is_gguf, open_checkpoint
+from .tokenizer import hf_tokenizer
 
 _QUANTIZE = {"dense": None, "int8": 8, "int4": 4}
 
@@ -60,7 +61,7 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     path = os.fspath(path)
     if quantize is not None and quantize not in _QUANTIZE:
         raise ValueError(f"quantize must be None, 'dense', 'int8' or 'int4', got {quantize!r}")
-    checkpoint = GGUFCheckpoint(path) if is_gguf(path) else None
+    checkpoint = open_checkpoint(path) if is_gguf(path) else None
     if checkpoint is not None:
         config = parse_config(checkpoint.config)
     else:
@@ -165,32 +166,3 @@ def concat_rows(parts: list[Any]) -> Any:
         return opforge.QuantizedWeight.concat(parts)
     dtype = next((p.dtype for p in parts if isinstance(p, torch.Tensor)), torch.float32)
     return torch.cat([p.dequantize(dtype) if isinstance(p, opforge.QuantizedWeight) else p for p in parts])
-
-
-def hf_tokenizer(path: str) -> tuple[Any, Optional[str]]:
-    """A Hugging Face directory's ``tokenizer.json`` as a ``tokenizers.Tokenizer`` (None without the
-    file or the package) and the chat template of ``tokenizer_config.json`` or ``chat_template.jinja``.
-
-    Example:
-        >>> from opforge.models.testing import write_tiny_checkpoint
-        >>> hf_tokenizer(write_tiny_checkpoint())
-        (None, None)
-    """
-    tokenizer = None
-    file = os.path.join(path, "tokenizer.json")
-    if os.path.exists(file):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            Tokenizer = None
-        tokenizer = Tokenizer.from_file(file) if Tokenizer is not None else None
-    template = None
-    config_file = os.path.join(path, "tokenizer_config.json")
-    if os.path.exists(config_file):
-        with open(config_file) as f:
-            template = json.load(f).get("chat_template")
-    jinja = os.path.join(path, "chat_template.jinja")
-    if template is None and os.path.exists(jinja):
-        with open(jinja) as f:
-            template = f.read()
-    return tokenizer, template if isinstance(template, str) else None

