@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Any, Optional, Union
 
 import torch
@@ -23,7 +24,7 @@ import torch
 import opforge
 from opforge.io.errors import GGUFError
 from opforge.io.gguf import GGUFFile, decode_tensor, open_gguf
-from opforge.io.gguf_tokenizer import chat_template_from_metadata, tokenizer_from_metadata
+from opforge.io.gguf_tokenizer import TokenizerMetadataError, chat_template_from_metadata, tokenizer_from_metadata
 
 #: GGUF ``general.architecture`` -> Hugging Face ``model_type``, and whether q/k rows are permuted.
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("mistral", True), "qwen2": ("qwen2", False),
@@ -140,7 +141,11 @@ class GGUFCheckpoint:
         meta = self.file.metadata
         self.config = config_from_metadata(meta, {t.name for t in self.file.tensors}, self.path)
         self.architecture = meta["general.architecture"]
-        self.tokenizer = tokenizer_from_metadata(meta)
+        try:
+            self.tokenizer = tokenizer_from_metadata(meta)
+        except TokenizerMetadataError as e:       # the weights still run on token ids
+            warnings.warn(f"{self.path}: no tokenizer: {e}", stacklevel=3)
+            self.tokenizer = None
         self.chat_template: Optional[str] = chat_template_from_metadata(meta)
 
     def tensors(self, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
