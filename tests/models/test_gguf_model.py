@@ -25,7 +25,7 @@ from opforge.testing import rel_error
 pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.cpu_only
+cpu_only = pytest.mark.cpu_only
 
 
 def _hf_from_gguf(directory: str, name: str):
@@ -34,6 +34,7 @@ def _hf_from_gguf(directory: str, name: str):
 
 # ---- tiny random models ----------------------------------------------------------------------
 
+@cpu_only
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_tiny_gguf_equals_the_same_weights_from_a_directory_and_transformers(model_type, tmp_path):
     config = dict(TINY_LLAMA, model_type=model_type,
@@ -52,6 +53,7 @@ def test_tiny_gguf_equals_the_same_weights_from_a_directory_and_transformers(mod
     assert from_gguf.tokenizer is None and from_gguf.chat_template is None
 
 
+@cpu_only
 def test_tiny_gguf_quantized_tensors_load_as_their_codes(tmp_path):
     weights = random_weights(TINY_LLAMA)
     path = write_gguf(str(tmp_path / "q.gguf"), TINY_LLAMA, weights,
@@ -103,6 +105,7 @@ def stored(smollm2):
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of"]
 
 
+@cpu_only
 def test_float32_greedy_tokens_and_logits_equal_transformers(dense32, hf_model):
     for prompt in PROMPTS:
         ids = torch.tensor([dense32.tokenizer.encode(prompt).ids])
@@ -116,6 +119,7 @@ def test_float32_greedy_tokens_and_logits_equal_transformers(dense32, hf_model):
     assert dense32.tokenizer.decode(dense32.generate(ids, 3)[0]).startswith(" Paris")
 
 
+@cpu_only
 def test_imported_q4_1_codes_give_the_files_model(stored, dense32, hf_model):
     """The Q4_1 layers hold the file's codes (int4 g32, float zero -m/d), the Q8_0 embedding's
     head its int8 codes: logits as transformers' dequantized float32 model, to float rounding."""
@@ -134,6 +138,7 @@ TEXTS = ["The capital of France is", "def add(a, b):\n    return a + b  # sum\n"
          "emoji 🙂🚀 👍🏽 done", "<|im_start|>user\nHi<|im_end|>\n", "  two  spaces\n\n\ttab I'm sure they'll"]
 
 
+@cpu_only
 def test_tokenizer_from_metadata_equals_transformers(dense32, hf_tokenizer):
     tok = dense32.tokenizer
     for text in TEXTS:
@@ -143,6 +148,7 @@ def test_tokenizer_from_metadata_equals_transformers(dense32, hf_tokenizer):
     assert tok.get_vocab_size() == 49152
 
 
+@cpu_only
 def test_chat_template_renders_as_transformers_and_the_model_answers(dense32, hf_tokenizer):
     jinja2 = pytest.importorskip("jinja2")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
@@ -162,6 +168,7 @@ def _variant(model: Decoder, convert, dtype=torch.float32) -> Decoder:
                    max_seq_len=model.max_seq_len, max_batch=1, device=model.device, dtype=dtype)
 
 
+@cpu_only
 def test_perplexity_on_english_by_weight_format(dense32, stored):
     ids = torch.tensor(dense32.tokenizer.encode(PASSAGE).ids)
     mixed = torch.tensor(dense32.tokenizer.encode(shuffled(PASSAGE)).ids)
@@ -177,9 +184,35 @@ def test_perplexity_on_english_by_weight_format(dense32, stored):
     assert base < int4 < 1.5 * base                                  # requantizing a 4-bit model costs, a little
 
 
+@cpu_only
 def test_opforge_generate_runs_the_gguf_file(smollm2, capsys):
     from opforge.cli import main
     assert main(["generate", smollm2, "--prompt", "The capital of France is", "--max-new-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(" Paris"), out
     assert "linear[torch/quantized]" in out or "linear[" in out
+
+
+@cpu_only
+def test_model_bench_runs_the_trained_model_on_cpu(smollm2):
+    import io
+
+    from opforge.bench.suites.model import run_model_suite
+    result = run_model_suite(["smollm2"], "cpu", ["int4"], peers=False, out=io.StringIO())
+    (row,) = result["rows"]
+    assert (row["shape"], row["precision"], row["what"]) == ("smollm2", "int4", "decode b1 ctx16")
+    assert row["tokens_per_s"] > 0 and row["new_tokens"] == 4
+
+
+@pytest.mark.gpu
+def test_imported_q4_1_codes_on_cuda_in_bf16(smollm2, dense32):
+    """The file's codes through the Triton kernels (int4 g32, float zeros; int8 head) in bf16."""
+    model = load(smollm2, device="cuda", dtype=torch.bfloat16, max_seq_len=256)
+    ids = torch.tensor([dense32.tokenizer.encode(PASSAGE).ids[:200]])
+    with opforge.trace() as t:
+        got = model.forward(ids)
+    assert {e.backend for e in t if e.op == "linear"} == {"triton"}
+    assert rel_error(got.float().cpu(), dense32.forward(ids)) <= 5e-2        # bf16 activations, 30 layers
+    assert perplexity(model, ids[0]) == pytest.approx(perplexity(dense32, ids[0]), rel=0.03)
+    prompt = dense32.tokenizer.encode(PROMPTS[0]).ids
+    assert dense32.tokenizer.decode(model.generate(prompt, 3)[0]).startswith(" Paris")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from typing import Any, Optional, Sequence
 
@@ -125,7 +126,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("model", help="a .gguf file or a Hugging Face directory")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    rows = quality_table(args.model, args.device)
+    rows = []
+    for fmt in FORMATS:                          # one row at a time: a slow machine shows progress
+        rows += quality_table(args.model, args.device, [fmt])
+        print(f"{fmt[0]}: {rows[-1]['ppl']:.3f} ({rows[-1]['seconds']:.0f} s)", file=sys.stderr, flush=True)
     print(f"{rows[0]['tokens']} tokens of opforge.models.quality.PASSAGE; shuffled: the same words in a "
           "seeded random order")
     print(markdown(rows))
