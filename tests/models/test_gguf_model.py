@@ -198,10 +198,10 @@ def test_model_bench_runs_the_trained_model_on_cpu(smollm2):
     import io
 
     from opforge.bench.suites.model import run_model_suite
-    result = run_model_suite(["smollm2"], "cpu", ["int4"], peers=False, out=io.StringIO())
+    result = run_model_suite(["smollm2"], "cpu", ["bf16"], peers=False, out=io.StringIO())
     (row,) = result["rows"]
-    assert (row["shape"], row["precision"], row["what"]) == ("smollm2", "int4", "decode b1 ctx16")
-    assert row["tokens_per_s"] > 0 and row["new_tokens"] == 4
+    assert (row["shape"], row["precision"], row["what"]) == ("smollm2", "bf16", "decode b1 ctx16")
+    assert row["tokens_per_s"] > 0 and row["new_tokens"] == 4 and row["compute_dtype"] == "float32"
 
 
 @pytest.mark.gpu
