@@ -63,10 +63,10 @@ def _transformers(path: str, device: torch.device, points: tuple, new: int, run:
     from opforge.models.testing import transformers_from_gguf
     from opforge.models.tokenizer import checkpoint_tokenizer
 
-    from .model_peers import transformers_decode_tokens_per_s
+    from .model_peers import transformers_generate_seconds
     name = "transformers eager (same GGUF file)"
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         hf = transformers_from_gguf(path, dtype, str(device))
     except Exception as exc:
         run.peer(name, f"error: {_first_line(exc)}")
@@ -80,8 +80,13 @@ def _transformers(path: str, device: torch.device, points: tuple, new: int, run:
             continue
         try:
             ids = _prompts(tokenizer, b, c).to(device)
-            tps = transformers_decode_tokens_per_s(hf, ids, new, device)
-            run.record(name, "bf16", what, tps, batch=b, context=c, new_tokens=new)
+            t_one, t_all = transformers_generate_seconds(hf, ids, new, device)
+            if t_all <= t_one:                  # a noisy host: no decode time left to divide by
+                run.record(name, "bf16", what, None, error=f"timing noise: generate({new}) {t_all:.3f} s "
+                           f"<= generate(1) {t_one:.3f} s", batch=b, context=c)
+                continue
+            run.record(name, "bf16", what, b * (new - 1) / (t_all - t_one), batch=b, context=c, new_tokens=new,
+                       compute_dtype=str(dtype).removeprefix("torch."))
         except Exception as exc:
             run.record(name, "bf16", what, None, error=_first_line(exc))
     del hf
