@@ -38,7 +38,6 @@ from .errors import GGUFError
 from .gguf_blocks import BLOCKS, decode_blocks
 
 _DENSE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
-_DENSE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 
 
 @dataclass(frozen=True)
