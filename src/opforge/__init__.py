@@ -9,7 +9,7 @@ Example:
 """
 from . import fusion, nn
 from .fusion import FusionError, UnfusableError, fuse
-from .io import SafetensorsError, load_safetensors, save_safetensors
+from .io import GGUFError, SafetensorsError, load_gguf, load_safetensors, save_safetensors
 from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigmoid, sqrt, tanh, where  # noqa: A004
 from .ops.activation import geglu, gelu, relu, silu, swiglu
 from .ops.delay import apply_delay, revert_delay
@@ -44,7 +44,7 @@ __all__ = [
     "NoKernelError", "AliasedOutputError", "InferenceOnlyError", "FallbackWarning", "nn",
     "device_config", "DeviceConfig", "models", "patch",
     "fuse", "FusionError", "UnfusableError",
-    "load_safetensors", "save_safetensors", "SafetensorsError",
+    "load_safetensors", "save_safetensors", "SafetensorsError", "load_gguf", "GGUFError",
     "QuantizedWeight", "quantize_weight", "linear", "quantize_model",
     "where", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "minimum", "maximum", "pow", "cast",
 ]

@@ -90,7 +90,7 @@ def test_a_bad_argument_is_refused_in_one_line_before_loading(args, message, mon
 
 def test_a_missing_or_incomplete_model_directory_is_refused_before_loading(tmp_path, monkeypatch, capsys):
     err = _refused_before_loading(monkeypatch, [str(tmp_path / "absent"), "--prompt-ids", "5"], capsys)
-    assert f"MODEL_DIR {tmp_path / 'absent'} does not exist" in err
+    assert f"MODEL {tmp_path / 'absent'} does not exist" in err
     err = _refused_before_loading(monkeypatch, [str(tmp_path), "--prompt-ids", "5"], capsys)
     assert "has no config.json" in err
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
@@ -105,12 +105,12 @@ def test_help_gives_every_option_its_meaning_and_default(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for option, default in [("--max-new-tokens", "(default: 64)"), ("--temperature", "(default: 0.0)"),
                             ("--top-k", "(default: all)"), ("--top-p", "(default: 1, all)"),
-                            ("--quantize", "default: none"), ("--group-size", "(default: 128)"),
+                            ("--quantize", "default: the weights as stored"), ("--group-size", "(default: 128)"),
                             ("--quantize-head", "(default: dense)"), ("--max-seq-len", "(default: 4096)"),
                             ("--device", "(default: CUDA, then MPS, then CPU)"), ("--no-graphs", "(default: graphs"),
                             ("--readback", "(default: 1)")]:
         assert option in text and default in text, (option, default)
-    assert "MODEL_DIR a Hugging Face layout directory" in text
+    assert "MODEL a Hugging Face layout directory" in text and "or a GGUF file" in text
 
 
 def test_quantize_says_what_stays_dense_and_group_size_chooses(capsys):

@@ -30,3 +30,18 @@ class SafetensorsError(ValueError):
         self.tensor = tensor
         where = ": ".join(p for p in (self.file, f"tensor {tensor!r}" if tensor else None) if p)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class GGUFError(SafetensorsError):
+    """A GGUF file cannot be read as it claims to be, or holds what opforge cannot represent.
+
+    Raised for a wrong magic or version, a truncated file, a tensor whose bytes lie past the end
+    of the file, a tensor type or architecture opforge does not know (named). The message names
+    the file and the tensor. A sibling of ``SafetensorsError`` (a subclass, so code that catches
+    checkpoint errors catches both).
+
+    Example:
+        >>> import opforge
+        >>> str(opforge.GGUFError("unknown tensor type 99", file="m.gguf", tensor="blk.0.attn_q.weight"))
+        "m.gguf: tensor 'blk.0.attn_q.weight': unknown tensor type 99"
+    """

@@ -1,6 +1,7 @@
 """opforge.models: Llama-family decoders built from opforge's ops, and ``patch`` for transformers.
 
     model = opforge.models.load("path/to/Llama-3.2-1B", quantize="int4", max_batch=4)
+    model = opforge.models.load("SmolLM2-135M-Instruct.Q4_1.gguf")    # a GGUF file: its codes, its tokenizer
     out = model.generate([prompt_ids], 64, temperature=0.7, top_p=0.9)
 
 Example:

