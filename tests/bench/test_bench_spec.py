@@ -1,4 +1,4 @@
-"""The registry, the built-in suites as the issue defines them, and the bytes formulas."""
+"""The registry, the built-in suites as they are defined, and the bytes formulas."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_shape_text_round_trip():
             parse_shape(bad)
 
 
-def test_builtin_suites_match_the_issue():
+def test_builtin_suites_match_their_definition():
     assert {"seed", "llm", "latency"} <= set(suite_names())
     assert {"layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"} <= set(op_names())
 

@@ -1,4 +1,4 @@
-"""What a new user hit on CPU (issue 8, section 5), fixed and kept fixed."""
+"""Errors a new user hits on CPU: each gives a clear message, not a traceback from deep inside."""
 import subprocess
 import sys
 from pathlib import Path

@@ -75,7 +75,7 @@ def test_decode_steps_across_several_kv_splits_equal_the_full_forward():
 
 def test_float16_model_is_as_close_to_float64_as_the_torch_path():
     """MPS's compute dtype (fp16): the Metal kernels' logits against the float64 model are no
-    worse than the torch path's at fp16 (ratio <= 1.1, as for transformers' bf16 in issue 11)."""
+    worse than the torch path's at fp16 (ratio <= 1.1, as for transformers' own bf16)."""
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(7))
     exact = model(dtype=torch.float64).forward(ids)
     m16 = model(dtype=torch.float16)

@@ -5,7 +5,7 @@ oracle, how many bytes it must move, and how to build each implementation. A
 :class:`Suite` lists :class:`SuiteEntry` items (an op with its shapes and dtypes),
 the implementations to run, and the targets its results are judged by.
 
-Later issues add their ops with :func:`register_op` and put them into suites with
+Op families add their ops with :func:`register_op` and put them into suites with
 :meth:`Suite.add` (or register suites of their own with :func:`register_suite`).
 """
 
@@ -169,7 +169,7 @@ class Suite:
     targets: list[Target] = field(default_factory=list)
 
     def add(self, entry: SuiteEntry) -> None:
-        """Append an entry (a later issue's op) to this suite."""
+        """Append an entry (another family's op) to this suite."""
         self.entries.append(entry)
 
 

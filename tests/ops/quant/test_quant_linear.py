@@ -25,7 +25,7 @@ def run_triton(x, qw, bias=None):
 
 def expected_variant(m, bits, n=N, k=K):
     """The Triton variant for M rows of an (n, k) weight: int4 at M 17..64 on a weight of at most
-    DEQUANT_SMALL_NK elements is dequant+cuBLAS under the tuned, swapped setting (session 7)."""
+    DEQUANT_SMALL_NK elements is dequant+cuBLAS under the tuned, swapped setting (at fed7445)."""
     from opforge.ops.quant import problem
     small_int4 = problem.TUNED and tk.DOT_SWAP and bits == 4 and n * k <= problem.DEQUANT_SMALL_NK
     if m <= DECODE_MAX_M:
@@ -245,7 +245,7 @@ def test_gemv_kernel_with_several_rows(bits, group_size, symmetric, m, block_m):
 
 
 #: (bits, M) -> (BLOCK_N, BLOCK_K, use_dot, fixup) at N=40, K=2048, g128: main's defaults (measured
-#: end to end on the H100; OPFORGE_QUANT_TUNED=0) and the round-3 sweep's (the default since session 4).
+#: end to end on the H100; OPFORGE_QUANT_TUNED=0) and the third sweep's (the default since 629522a).
 DEFAULT_CHOICES = {(4, 1): (128, 128, False, False), (4, 4): (128, 128, False, False), (8, 2): (64, 128, False, False),
                    (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
                    (4, 40): (64, 64, True, False), (8, 40): (64, 64, True, False)}
@@ -299,7 +299,7 @@ MAIN_TILES = {
 
 
 def test_default_choices_are_mains(monkeypatch):
-    """With OPFORGE_QUANT_TUNED=0 every launch choice is main's before session 4: tiles, no
+    """With OPFORGE_QUANT_TUNED=0 every launch choice is main's before 629522a: tiles, no
     in-kernel split reduction, dequant+cuBLAS from 1024 rows; the tuned setting (the default)
     changes exactly the swept ones."""
     from opforge.ops.quant import problem
@@ -314,13 +314,13 @@ def test_default_choices_are_mains(monkeypatch):
     assert problem.dequant_gemm_min_m() == 1024
     assert [prob(4, 128, m).large for m in (255, 256, 1023, 1024)] == [False, False, False, True]
     monkeypatch.setattr(problem, "TUNED", True)
-    wide = {key for key in MAIN_TILES if key[2] == 1}     # session 5: M=1 takes wide-K tiles when tuned
+    wide = {key for key in MAIN_TILES if key[2] == 1}     # at b634a74: M=1 takes wide-K tiles when tuned
     assert {key for key in wide if tk.tile_config(prob(*key)) == tk.wide_k_config(prob(*key))} == wide
     monkeypatch.setattr(tk, "WIDE_K", False)
     monkeypatch.setattr(tk, "DOT_SWAP", False)
     changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
     assert changed == {(4, 128, 5), (4, 128, 16), (4, 128, 33), (4, 128, 64), (4, -1, 16), (4, -1, 64)}
-    monkeypatch.setattr(tk, "DOT_SWAP", True)     # session 6: swapped dot tiles up to 64 rows
+    monkeypatch.setattr(tk, "DOT_SWAP", True)     # at f515a1a: swapped dot tiles up to 64 rows
     swapped = {key for key in MAIN_TILES if tk._swapped(prob(*key))}
     assert swapped == {key for key in MAIN_TILES if 3 <= key[2] <= 64 and not (key[0] == 4 and key[2] <= 4)}
     changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
@@ -329,14 +329,14 @@ def test_default_choices_are_mains(monkeypatch):
         [True, False, False]
     assert problem.dequant_gemm_min_m() == 256
     assert [prob(4, 128, m).large for m in (255, 256)] == [False, True]
-    # N*K = 16Mi lies between session 7's thresholds: no dequant+cuBLAS below 256 rows, no unswapped tiles
+    # N*K = 16Mi lies between the fed7445 thresholds: no dequant+cuBLAS below 256 rows, no unswapped tiles
     assert {key for key in MAIN_TILES if prob(*key).dequant_gemm} == {(4, 128, 256)}
     assert not any(tk._unswapped_join(prob(*key)) for key in MAIN_TILES)
 
 
 def test_tuned_setting_is_read_from_the_environment():
     """OPFORGE_QUANT_TUNED at import: unset or 1 the tuned choices, 0 the earlier ones; and
-    OPFORGE_QUANT_SWAP=0 the tuned choices without the swapped dot tiles nor session 7's int4
+    OPFORGE_QUANT_SWAP=0 the tuned choices without the swapped dot tiles nor the fed7445 int4
     choices at M=64 (dequant+cuBLAS on 2048x2048, unswapped JOIN tiles on 28672x4096); a fresh
     interpreter each."""
     import os
@@ -368,7 +368,7 @@ def _problem(m, n, k, bits=4, group=128):
 
 
 def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm(monkeypatch):
-    """Session 7 (tuned, swapped): int4 with 16 < M <= 64 and N*K <= DEQUANT_SMALL_NK runs
+    """Since fed7445 (tuned, swapped): int4 with 16 < M <= 64 and N*K <= DEQUANT_SMALL_NK runs
     dequant+cuBLAS; not at M 16 or 65, one row of N past the threshold, 2048x8192, int8, or with
     either switch off. The selection key changes with the choice, so the cache follows the switches."""
     from opforge.ops.quant import problem
@@ -395,7 +395,7 @@ def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm(monkeypatch):
 
 
 def test_large_int4_weights_at_33_to_64_rows_run_unswapped_joined_tiles(monkeypatch):
-    """Session 7 (tuned, swapped): int4 with 32 < M <= 64 and N*K >= UNSWAPPED_JOIN_MIN_NK runs
+    """Since fed7445 (tuned, swapped): int4 with 32 < M <= 64 and N*K >= UNSWAPPED_JOIN_MIN_NK runs
     the dot kernel not swapped on (64, 128, BLOCK_K the group up to 128) tiles; M 32, N*K just
     below, int8 and M 65 keep their tiles; either switch off gives the earlier tiles."""
     from opforge.ops.quant import problem

@@ -21,7 +21,7 @@ precision (the KV cache sized for the largest point). Measured:
 A time budget (``--budget SECONDS``, alias of ``--max-seconds``) skips the points that would start
 after it; they are listed under ``skipped`` in the JSON and at the end of the printed table. The
 1b grid with five precisions took 140 s on an H100 with every peer, the 8b grid 185 s for opforge
-alone and 372 s for bf16 with the peers (session 7, ``benchmarks/results/h100/session7``). Our KV cache holds 32 x 4136 tokens in every point; the
+alone and 372 s for bf16 with the peers (at fed7445, ``benchmarks/results/h100/2026-11-23-fed7445``). Our KV cache holds 32 x 4136 tokens in every point; the
 split-KV decode sizes its slices by the tokens in the cache, not by that capacity.
 
 Run: ``opforge bench --suite model [--shapes 1b,8b] [--device cuda] [--budget 240] [--json model.json]``.

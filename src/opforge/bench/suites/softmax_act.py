@@ -2,7 +2,7 @@
 
 Inputs are random (never zeros): logits are standard normal times 4 (peaked rows, as LLM
 logits are); activation inputs standard normal. ``gate`` and ``up`` of the gated forms have
-the entry's shape each: ``16384x11008`` is the issue's ``16384 x (2 x 11008)``.
+the entry's shape each: ``16384x11008`` stands for ``16384 x (2 x 11008)``.
 
 Bytes that must move, with ``E`` elements per input and ``s`` bytes per element:
 
@@ -240,7 +240,7 @@ LATENCY_ACT_SUITE = register_suite(
     )
 )
 
-#: Issue 8's host-overhead target covers every op with a Triton kernel: the latency suite
+#: The host-overhead target covers every op with a Triton kernel: the latency suite
 #: (wall time per call, interleaved rounds, torch eager as the peer) takes these too.
 LATENCY_EXTRA_OPS = ("softmax", "log_softmax", "silu", "swiglu")
 for _op in LATENCY_EXTRA_OPS:

@@ -1,6 +1,6 @@
 """The three built-in suites: ``seed`` (the users' table), ``llm`` and ``latency``.
 
-Later issues add their ops with, for example::
+Other families add their ops with, for example::
 
     from opforge.bench.spec import SuiteEntry, get_suite
     get_suite("llm").add(SuiteEntry("softmax", LLM_SHAPES, (torch.bfloat16, torch.float16)))

@@ -41,13 +41,13 @@ from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, Decod
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 128             # decode: at most this many slices of one sequence
 MIN_SPLIT_TOKENS = 256       # decode: a slice shorter than this costs more to merge than it saves
-# decode: programs aimed for per SM (host-known sizes only). The H100 sweep (round 2) read best at
+# decode: programs aimed for per SM (host-known sizes only). The second H100 sweep read best at
 # ~2 resident programs per SM: 32/8 B=1 32K 32 splits 67% of copy vs 64: 63%, 128: 54%; 8/1 B=8
 # 32K 32 splits 67% vs 64: 58-61%; 32/8 B=32 8K (256 programs) 1 split 98% vs 3: 87-97%.
 DECODE_PROGRAMS_PER_SM = 2
 MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
 # decode: slices sized by the tokens in the cache (read on the device) rather than by its
-# capacity, about one program per SM. H100 (session 6, batch 1, CUDA graphs, L2-cold caches,
+# capacity, about one program per SM. H100 (at f515a1a, batch 1, CUDA graphs, L2-cold caches,
 # benchmarks/gpu_decode_breakdown.py --part attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
 # in a 1024 cache 6.7 -> 5.8; 8B 512 in 4096 8.4 -> 6.3; full 4096 caches 9.0 -> 9.2 and 12.3 ->
 # 12.4 (1B, 8B). ``OPFORGE_DECODE_BY_LENGTH=0`` restores the capacity's slices.
@@ -283,7 +283,7 @@ def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[in
         return (32, 32, 8, 2) if block_d <= 64 else (32, 16, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
     if block_d <= 64:
         return 128, 64, 4, 3
-    if block_d <= 128:   # H100 sweep (round 2), 4x4K: 128x128 455 / 447 TFLOP/s (full / causal) vs 128x64 394 / 430
+    if block_d <= 128:   # second H100 sweep, 4x4K: 128x128 455 / 447 TFLOP/s (full / causal) vs 128x64 394 / 430
         return 128, 128, 8, 3
     return 64, 32, 8, 2
 

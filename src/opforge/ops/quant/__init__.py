@@ -21,12 +21,12 @@ records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as 
 except one row of x (decode) with an fp16/bf16 weight on CUDA: opforge's dense GEMV
 (``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``; ``OPFORGE_DENSE_GEMV=0`` turns it off).
 
-Launch choices (tiles, K splits, variant thresholds) are by default the round-3 H100 sweep's,
-measured end to end in session 4 (``benchmarks/gpu_check_quant.py --tuned``): the in-kernel split
-reduction for the int4 GEMV kernel (M <= 4), wide-K GEMV tiles for one row (session 5's sweep,
+Launch choices (tiles, K splits, variant thresholds) are by default the third H100 sweep's,
+measured end to end at 629522a (``benchmarks/gpu_check_quant.py --tuned``): the in-kernel split
+reduction for the int4 GEMV kernel (M <= 4), wide-K GEMV tiles for one row (the sweep at b634a74,
 ``triton_kernels.WIDE_K``), int4 tiles of 128 features for M 5..16 and BLOCK_K
 128 for M 33..64, and the ``dequant_gemm`` variant from M >= 256 rows. With the swapped dot
-tiles (session 6, ``triton_kernels.DOT_SWAP``), session 7's sweep (H100, bf16 x, int4 g128) adds
+tiles (at f515a1a, ``triton_kernels.DOT_SWAP``), the sweep at fed7445 (H100, bf16 x, int4 g128) adds
 for int4 at M 17..64: ``dequant_gemm`` on weights of N*K <= 8*2**20 (M=64 2048x2048 21.5 ->
 10.0 us, 3072x2048 21.5 -> 11.6; ``problem.DEQUANT_SMALL_NK``), and at M 33..64 on N*K >=
 48*2**20 the dot kernel not swapped, JOIN, (64, 128, 128) tiles (M=64 28672x4096 102.4 -> 94.7,

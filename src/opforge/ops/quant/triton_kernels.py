@@ -33,14 +33,14 @@ them in split order, adds the bias and casts (deterministic either way, and bitw
 atomics on the data).
 
 Launch choices: by default (``problem.TUNED``; ``OPFORGE_QUANT_TUNED=0`` turns it off) the
-round-3 H100 sweep's: the in-kernel split reduction for the int4 GEMV kernel, int4 tiles
+third H100 sweep's: the in-kernel split reduction for the int4 GEMV kernel, int4 tiles
 (16, 128, 128) for M 5..16 and (64, 64, 128) for M 33..64, and dequant+cuBLAS from M = 256.
-Each won in a sweep of single launch configs and, measured end to end in session 4
+Each won in a sweep of single launch configs and, measured end to end at 629522a
 (``benchmarks/gpu_check_quant.py --tuned``), was as fast or faster on the GPU-bound shapes; the
 int8 GEMV kernel's in-kernel reduction measured slower there (0.53-0.99x) and stays off. Later
-sweeps (CUDA graphs, L2-cold weights) added wide-K GEMV tiles for one row (session 5), the
-swapped dot tiles up to 64 rows (session 6, ``DOT_SWAP``; they replace the M 5..64 tiles above)
-and, for int4 at M 17..64 (session 7), dequant+cuBLAS on small weights and the non-swapped
+sweeps (CUDA graphs, L2-cold weights) added wide-K GEMV tiles for one row (at b634a74), the
+swapped dot tiles up to 64 rows (at f515a1a, ``DOT_SWAP``; they replace the M 5..64 tiles above)
+and, for int4 at M 17..64 (at fed7445), dequant+cuBLAS on small weights and the non-swapped
 JOIN tiles at M 33..64 on large ones (``problem.DEQUANT_SMALL_NK``, ``UNSWAPPED_JOIN_MIN_NK``).
 
 Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``. Codes are
@@ -78,7 +78,7 @@ GEMV_ROWS = 4
 #: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
 #: instead of a second combine kernel. Default: off for both kernels.
 SPLIT_FIXUP = False
-#: The same choice per kernel under ``problem.TUNED``. H100 sweep (round 3, int4 g128; single
+#: The same choice per kernel under ``problem.TUNED``. H100 sweep (third sweep, int4 g128; single
 #: launch configs): on for the int4 GEMV kernel (int8's measured slower end to end) (4096x4096 M=1 18.0 -> 13.1 us, M=4
 #: 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2, M=4 220.1 -> 210.9), bitwise equal to the combine
 #: kernel; off for the dot kernel (M=8/16: -5% at 4096x4096, +1-2% at 28672x8192). Its tile
@@ -88,7 +88,7 @@ SPLIT_FIXUP_DOT = False
 #: Wide-K GEMV tiles for M = 1 (``wide_k_config``): each program step loads 8 KB of packed
 #: words at once, as 8 rows of 1 KB (2048 int4 / 1024 int8 codes) or, for N >= ``WIDE_K_WIDE_N``,
 #: 16 rows of 512 B, so a decode-sized weight is read in one or a few steps with every load in
-#: flight, instead of 8 KB steps of 128 codes over up to 16 K splits. H100 sweep (session 5,
+#: flight, instead of 8 KB steps of 128 codes over up to 16 K splits. H100 sweep (at b634a74,
 #: CUDA graphs over L2-cold weights, ``benchmarks/gpu_decode_breakdown.py``): 1B qkv/o/gate_up/down
 #: 4.6/4.0/12.5/9.2 us vs 6.8/6.1/13.4/10.2 with the 128x128 tiles (torch's tinygemm 4.1/3.8/12.0/8.3).
 #: Part of the tuned choices (``OPFORGE_QUANT_TUNED=0`` leaves it out too); ``OPFORGE_QUANT_WIDE_K=0``
@@ -98,21 +98,21 @@ WIDE_K_STEP_BYTES = 8192
 WIDE_K_WIDE_N = 16384
 WIDE_K_PROGRAMS_PER_SM = 4
 #: The dot kernel with the weight as the MMA's first operand (SWAP) for M up to ``SWAP_MAX_M``,
-#: on tiles of 64 features x 128 codes (int4 and int8). H100 sweep (session 6, CUDA graphs over
+#: on tiles of 64 features x 128 codes (int4 and int8). H100 sweep (at f515a1a, CUDA graphs over
 #: L2-cold weights, the nine 1B/8B projection shapes, speed as a multiple of bf16 cuBLAS): int4
 #: M=16 0.44-0.77x -> 0.74-1.38x, int8 M=16 0.73-1.31x -> 0.88-1.87x; int4 M=32 0.23-0.38x ->
-#: 0.54-1.15x (results/h100/session6/results.md). Part of the tuned choices;
+#: 0.54-1.15x (results/h100/2026-11-23-f515a1a/results.md). Part of the tuned choices;
 #: ``OPFORGE_QUANT_SWAP=0`` turns it off alone.
 DOT_SWAP = os.environ.get("OPFORGE_QUANT_SWAP", "1") not in ("", "0")
 SWAP_MAX_M = 64
 #: int4 codes unpacked through ``tl.join`` in the swapped dot kernel (``_load_codes``). H100 sweep
-#: (session 6, second round): M=16 8B gate_up 73.5 -> 63.0 us, 1B lm_head 139.8 -> 113.9, 1B
+#: (at f515a1a, second sweep): M=16 8B gate_up 73.5 -> 63.0 us, 1B lm_head 139.8 -> 113.9, 1B
 #: gate_up 23.2 -> 20.7; M=64 8B o 26.4 -> 23.1; the 1B model's batch-8 int4 step 1351 -> 1264 us.
 #: ``OPFORGE_QUANT_JOIN=0`` turns it off.
 DOT_JOIN = os.environ.get("OPFORGE_QUANT_JOIN", "1") not in ("", "0")
 #: int4, M ``UNSWAPPED_JOIN_MIN_M``..``SWAP_MAX_M``, N*K of at least ``UNSWAPPED_JOIN_MIN_NK``
 #: (under ``TUNED`` and ``DOT_SWAP``): the dot kernel NOT swapped, with JOIN, on (64, 128, 128)
-#: tiles (``_unswapped_join``). H100 sweep (session 7, results/h100/session7/call1, M=64, bf16 x,
+#: tiles (``_unswapped_join``). H100 sweep (at fed7445, results/h100/2026-11-23-fed7445/run1, M=64, bf16 x,
 #: g128) vs the swapped tiles: 128256x2048 160.8 vs 188.1 us, 28672x4096 94.7 vs 102.4,
 #: 4096x14336 48.1 vs 57.8; smaller weights lose (16384x2048 32.2 vs 28.1, 4096x4096 36.4 vs
 #: 23.3). At M=32 the swapped tiles are best or within noise everywhere.
@@ -480,13 +480,13 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     N is small, BLOCK_K = min(group, 64).
 
     Under ``problem.TUNED`` (the default; ``OPFORGE_QUANT_TUNED=0`` turns it off) int4 takes the
-    H100 sweep's best (round 3, 4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md): M 5..16
+    H100 sweep's best (third sweep, 4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md): M 5..16
     128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept). One row
-    (int4 and int8) takes ``wide_k_config`` under ``TUNED`` and ``WIDE_K`` (session 5's sweep).
+    (int4 and int8) takes ``wide_k_config`` under ``TUNED`` and ``WIDE_K`` (the sweep at b634a74).
     Past the GEMV's rows and up to ``SWAP_MAX_M``, ``TUNED`` and ``DOT_SWAP`` give the swapped dot
     kernel's tiles: BLOCK_M the power of two >= M (16 at least), 64 features, BLOCK_K the group up
-    to 128 (session 6's sweep); except int4 at M 33..64 with N*K >= ``UNSWAPPED_JOIN_MIN_NK``:
-    (64, 128, BLOCK_K the group up to 128), not swapped, JOIN (session 7: M=64 28672x4096 94.7
+    to 128 (the sweep at f515a1a); except int4 at M 33..64 with N*K >= ``UNSWAPPED_JOIN_MIN_NK``:
+    (64, 128, BLOCK_K the group up to 128), not swapped, JOIN (at fed7445: M=64 28672x4096 94.7
     vs 102.4 us).
 
     Example:
@@ -600,7 +600,7 @@ _counters = alloc.tile_counters   # per device and stream, left at zero by every
 def split_fixup(config: tuple, bits: int = 4) -> bool:
     """Whether a ``tile_config`` tuple reduces K splits in the kernel by default: ``SPLIT_FIXUP``,
     or under ``problem.TUNED`` per kernel (``SPLIT_FIXUP_GEMV`` for the int4 GEMV kernel,
-    ``SPLIT_FIXUP_DOT`` with dot; int8's GEMV measured slower with it, session 4).
+    ``SPLIT_FIXUP_DOT`` with dot; int8's GEMV measured slower with it, at 629522a).
 
     Example:
         >>> gemv, dot = (1, 128, 128, False, 4, 3), (16, 64, 128, True, 4, 3)
