@@ -83,7 +83,7 @@ def test_json_round_trip(tmp_path):
 def test_decode_gemv_suite_runs_its_three_weights_against_cublas_peers(tmp_path):
     """The decode_gemv suite on CPU (one small shape): dense, int4 and int8 weights, opforge and
     torch each checked against float64 and timed."""
-    from opforge.bench.spec import get_suite
+    from opforge.bench.catalog import get_suite
     suite = get_suite("decode_gemv")
     assert [e.op for e in suite.entries] == ["linear_dense", "linear_int4_g128", "linear_int8"]
     assert all(len(e.shapes) == 9 and all(m == 1 for m, _, _ in e.shapes) for e in suite.entries)

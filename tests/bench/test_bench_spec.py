@@ -5,19 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opforge.bench.spec import (
-    CPU,
-    LIGER,
-    OPFORGE,
-    TORCH,
-    get_op,
-    get_suite,
-    numel,
-    op_names,
-    parse_shape,
-    shape_label,
-    suite_names,
-)
+from opforge.bench.catalog import get_op, get_suite, op_names, suite_names
+from opforge.bench.spec import CPU, LIGER, OPFORGE, TORCH, numel, parse_shape, shape_label
 
 
 def test_shape_text_round_trip():

@@ -1,17 +1,20 @@
-"""The three built-in suites: ``seed`` (the users' table), ``llm`` and ``latency``.
+"""The shared suites and shapes: ``seed`` (the users' table), ``llm``, ``latency``, ``latency_act``.
 
-Other families add their ops with, for example::
+They start empty; each op family's ``bench`` module adds its entries (the norms fill ``seed``,
+``llm`` and ``latency``), the way it registers its kernel variants::
 
-    from opforge.bench.spec import SuiteEntry, get_suite
-    get_suite("llm").add(SuiteEntry("softmax", LLM_SHAPES, (torch.bfloat16, torch.float16)))
+    from opforge.bench.standard import LLM, LLM_SHAPES
+    LLM.add(SuiteEntry("softmax", LLM_SHAPES, (torch.bfloat16, torch.float16)))
+
+``latency_act`` is registered by the activation family, after its own suite, so that the
+suites list in the same order as they always did.
 """
 
 from __future__ import annotations
 
 import torch
 
-from opforge.bench.spec import COMPILE, CPU, LIGER, OPFORGE, TORCH, Suite, SuiteEntry, register_suite
-from opforge.bench.suites.norm import NORM_OPS
+from opforge.bench.spec import COMPILE, CPU, LIGER, OPFORGE, TORCH, Suite, register_suite
 from opforge.bench.targets import bandwidth_at_least, near_fastest_peer, no_slower_than
 
 #: The users' layer-norm table: small, BERT-base, BERT-large, XLarge (batch, seq, hidden).
@@ -36,7 +39,7 @@ SEED = register_suite(
     Suite(
         name="seed",
         description="the users' layer-norm table: 4 shapes x fp32/fp16/bf16, GPU vs CPU",
-        entries=[SuiteEntry(op, SEED_SHAPES, ALL_DTYPES) for op in ("layer_norm", "rms_norm")],
+        entries=[],
         impls=(OPFORGE, TORCH, COMPILE, LIGER, CPU),
         metric="gpu_us",
         targets=[no_slower_than(TORCH, "gpu_us")],
@@ -47,7 +50,7 @@ LLM = register_suite(
     Suite(
         name="llm",
         description="LLM activation shapes (rows x N) in bf16/fp16: share of copy bandwidth",
-        entries=[SuiteEntry(op, LLM_SHAPES, HALF_DTYPES) for op in NORM_OPS],
+        entries=[],
         impls=(OPFORGE, TORCH, COMPILE, LIGER),
         metric="gpu_us",
         targets=[
@@ -61,11 +64,24 @@ LATENCY = register_suite(
     Suite(
         name="latency",
         description="wall time per call at small sizes; a chain of 10 norms eager vs CUDA graph",
-        entries=[SuiteEntry(op, LATENCY_SHAPES, (torch.bfloat16, torch.float32)) for op in NORM_OPS],
+        entries=[],
         impls=(OPFORGE, TORCH, COMPILE, LIGER),
         metric="wall_us",
         chain_len=10,
         chain_impls=(OPFORGE, TORCH, LIGER),
         targets=[no_slower_than(TORCH, "wall_us")],
     )
+)
+
+#: Wall time per call of softmax, silu and swiglu (their families add them); registered by the
+#: activation family after its ``activations`` suite.
+LATENCY_ACT = Suite(
+    name="latency_act",
+    description="wall time per call of softmax, silu, swiglu at small sizes; a chain of 10 eager vs CUDA graph",
+    entries=[],
+    impls=(OPFORGE, TORCH, COMPILE, LIGER),
+    metric="wall_us",
+    chain_len=10,
+    chain_impls=(OPFORGE, TORCH, LIGER),
+    targets=[no_slower_than(TORCH, "wall_us")],
 )

@@ -37,6 +37,8 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
+from opforge.bench.fmt import split_list
+
 from .model_grid import Budget, Grid, _config, _decode, _first_line, _prefill, _row_line, _Run, grid, \
     median_seconds, sync
 from .model_peers import PEERS, _peer_points, _peer_set, _peers, _skip_all, transformers_decode_tokens_per_s, \
@@ -243,8 +245,7 @@ def main(args: Any) -> int:
     """Entry from ``opforge bench --suite model`` (``args`` from the bench parser: --shapes,
     --dtypes as precisions, --impls to choose the peers (``opforge`` alone: none; ``transformers``:
     all; or some of eager, compile, patch, liger), --device, --json, --budget/--max-seconds)."""
-    from opforge.bench.cli import _split as split
-    impls = split(args.impls)
+    impls = split_list(args.impls)
     if not impls:
         peers: Union[bool, set[str]] = True
     elif "transformers" in impls:
@@ -252,7 +253,7 @@ def main(args: Any) -> int:
     else:
         peers = {i for i in impls if i != "opforge"}
     try:
-        result = run_model_suite(split(args.shapes) or None, args.device, split(args.dtypes) or None,
+        result = run_model_suite(split_list(args.shapes) or None, args.device, split_list(args.dtypes) or None,
                                  peers=peers, json_path=args.json, budget=getattr(args, "max_seconds", None))
     except ValueError as exc:
         print(f"opforge bench: error: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""The normalization ops as benchmark entries: inputs, float64 oracle, bytes, peers.
+"""The normalization ops as benchmark entries (inputs, float64 oracle, bytes, peers), in the shared
+``seed``, ``llm`` and ``latency`` suites.
 
 The oracle is opforge's torch reference (``opforge.ops.norm.reference``) on float64
 copies of the inputs.
@@ -36,9 +37,12 @@ from opforge.bench.spec import (
     OpSpec,
     Outputs,
     Shape,
+    SuiteEntry,
     numel,
     register_op,
 )
+from opforge.bench.standard import ALL_DTYPES, HALF_DTYPES, LATENCY, LATENCY_SHAPES, LLM, LLM_SHAPES, SEED, \
+    SEED_SHAPES
 from opforge.ops.norm import reference
 
 LN_EPS = 1e-5
@@ -195,3 +199,10 @@ ADD_RMS_NORM = register_op(
 )
 
 NORM_OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
+
+for _op in ("layer_norm", "rms_norm"):
+    SEED.add(SuiteEntry(_op, SEED_SHAPES, ALL_DTYPES))
+for _op in NORM_OPS:
+    LLM.add(SuiteEntry(_op, LLM_SHAPES, HALF_DTYPES))
+for _op in NORM_OPS:
+    LATENCY.add(SuiteEntry(_op, LATENCY_SHAPES, (torch.bfloat16, torch.float32)))
