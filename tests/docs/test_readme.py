@@ -41,3 +41,17 @@ def test_readme_cli_smoke_test_lines_name_real_commands():
         text = f.read()
     assert "python -m opforge.models.testing /tmp/tiny" in text
     assert "opforge generate /tmp/tiny --prompt-ids 1,2,3" in text
+
+
+def test_readme_tables_marked_generated_equal_the_results_they_name():
+    from opforge.bench.results import RunResult
+    from opforge.bench.tables import table
+
+    with open(README) as f:
+        text = f.read()
+    marked = re.findall(r"<!-- table: (\S+) (\S+) (\S+) -->\n((?:\|.*\|\n)+)", text)
+    assert len(marked) >= 2
+    results = os.path.join(os.path.dirname(README), "benchmarks", "results")
+    for path, suite, dtype, printed in marked:
+        run = RunResult.load_json(os.path.join(results, path))
+        assert printed.strip() == table(run, suite, dtype), (path, suite, dtype)
