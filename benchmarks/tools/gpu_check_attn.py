@@ -1,8 +1,8 @@
 """Check, then time, opforge.attention (prefill) and opforge.decode_attention (split-KV) on a GPU.
 
-    PYTHONPATH=src python3 benchmarks/gpu_check_attn.py [--budget 100] [--out DIR] [--skip-timing]
-    PYTHONPATH=src TRITON_INTERPRET=1 python3 benchmarks/gpu_check_attn.py --cpu-smoke   # no GPU: tiny shapes
-    PYTHONPATH=src python3 benchmarks/gpu_check_attn.py --sweep --budget 100            # tuning run (optional)
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_attn.py [--budget 100] [--out DIR] [--skip-timing]
+    PYTHONPATH=src TRITON_INTERPRET=1 python3 benchmarks/tools/gpu_check_attn.py --cpu-smoke   # no GPU: tiny shapes
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_attn.py --sweep --budget 100            # tuning run (optional)
 
 1. Correctness: the family's verify cases at real sizes (every dtype, GQA, causal Sq < Sk and
    Sq > Sk, padded head dims 80/96/256, (B, S, H, D) views, huge logits, ragged decode lengths)
@@ -18,7 +18,7 @@
    or repeated kv heads where that fits). Targets: >= 85% of copy, never slower than the fastest SDPA.
    GPU time (the ratios) comes from a CUDA graph of 20 calls, for opforge and SDPA alike, cycling
    through copies of small caches (do_bench of one eager call counts the host launch path when the
-   host is slower than the GPU: round 2 measured 50-135 us that way for ~10 us kernels); the
+   host is slower than the GPU: the second sweep measured 50-135 us that way for ~10 us kernels); the
    do_bench time and the eager wall time per call are printed beside it. A '*' marks a time
    that is do_bench only (>= 500 us, or not capturable).
 
@@ -397,7 +397,7 @@ def _fmt_decode(r: dict) -> str:
 
 # ---- optional: configuration sweep (a second run, for tuning the defaults) ---------------------------
 
-# D=128 only (D=64 met its targets in round 2). Round 2 at 4x4K (TFLOP/s full / causal): 128x128 w8 s3
+# D=128 only (D=64 met its targets in the second sweep). The second sweep at 4x4K (TFLOP/s full / causal): 128x128 w8 s3
 # 455 / 447, 64x64 w4 s3 433 / 463, 128x64 w8 s3 394 / 430, 128x128 w8 s2 431 / 378; 128x64 w4,
 # 64x128 and 128x32 were far behind and are dropped.
 PREFILL_SWEEP = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4), (128, 128, 8, 2)]

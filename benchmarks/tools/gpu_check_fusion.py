@@ -1,9 +1,9 @@
 """Check, then time, opforge.fuse on a GPU: the generated kernels against float64, and the
-issue's fused chain ``gelu(x + b) * s + r`` at 16384 x 4096 bfloat16 against torch.
+target fused chain ``gelu(x + b) * s + r`` at 16384 x 4096 bfloat16 against torch.
 
 Run on the GPU machine (about 1.5-2.5 minutes on an H100, most of it torch.compile):
 
-    PYTHONPATH=src python3 benchmarks/gpu_check_fusion.py [--out DIR] [--budget SECONDS] [--no-compile]
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_fusion.py [--out DIR] [--budget SECONDS] [--no-compile]
                                                           [--no-sweep] [--keep-caches]
 
 The caches of Triton, TorchInductor and opforge point at fresh temporary folders (unless
@@ -89,7 +89,7 @@ def say(text: str) -> None:
 
 
 def chain(x, b, r, s: float):
-    """The issue's chain; ``gelu`` is opforge.gelu when the package exports it."""
+    """The target chain; ``gelu`` is opforge.gelu when the package exports it."""
     return gelu(x + b) * s + r
 
 

@@ -1,6 +1,6 @@
 """Check, then time, opforge's SafeTensors loader on a GPU (about 40-70 s on an H100).
 
-    PYTHONPATH=src python3 benchmarks/gpu_check_io.py [--gb 3.0] [--out DIR] [--cpu-smoke]
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_io.py [--gb 3.0] [--out DIR] [--cpu-smoke]
 
 1. Correctness (PASS/FAIL per case, small tensors): every dtype loads bit-exactly onto the device;
    tensors spanning many pinned staging chunks; dtype conversion; quantize="int4"/"int8" on load

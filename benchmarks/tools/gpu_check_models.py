@@ -1,7 +1,7 @@
 """opforge.models on a GPU: correctness of the decoder, then its speed against transformers.
 
-    PYTHONPATH=src python3 benchmarks/gpu_check_models.py            # H100: under ~150 s
-    PYTHONPATH=src python3 benchmarks/gpu_check_models.py --cpu-smoke   # the script's logic, tiny, on CPU
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_models.py            # H100: under ~150 s
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_models.py --cpu-smoke   # the script's logic, tiny, on CPU
 
 A Llama-3.2-1B-shaped model (random weights, bf16, llama3 rope scaling, tied embeddings) is
 written as safetensors to a temporary directory and loaded through ``opforge.models.load``.
@@ -79,7 +79,7 @@ def _tps(prefix: str) -> Any:
 
 
 def targets(limit: float) -> list[dict]:
-    """The issue's targets as PASS/MISS (or N/A when a number is missing), stored in RESULTS."""
+    """The targets as PASS/MISS (or N/A when a number is missing), stored in RESULTS."""
     out: list[dict] = []
 
     def target(name: str, ok: Any, detail: str) -> None:
@@ -350,7 +350,7 @@ def main() -> int:
     for t in RESULTS["timings"]:
         pct = f"{t['pct_of_limit']:5.1f}% of limit" if "pct_of_limit" in t else ""
         print(f"{t['name']:<{width}}  {t['tokens_per_s']:9.1f} tokens/s  {pct}")
-    print("---- targets (issue 11) ----")
+    print("---- targets ----")
     for tgt in targets(limit):
         print(f"{tgt['verdict']:<4}  {tgt['name']}: {tgt['detail']}")
     print(f"wall {RESULTS['wall_s']:.0f} s")

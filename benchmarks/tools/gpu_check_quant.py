@@ -3,10 +3,10 @@ torch's own weight-only int4 (tinygemm) and int8 kernels.
 
 Run on the GPU machine (well under 120 s on an H100):
 
-    PYTHONPATH=src python3 benchmarks/gpu_check_quant.py [--budget SECONDS] [--out DIR]
-    PYTHONPATH=src python3 benchmarks/gpu_check_quant.py --sweep         # tile configs, for tuning
-    PYTHONPATH=src python3 benchmarks/gpu_check_quant.py --tuned         # default vs OPFORGE_QUANT_TUNED
-    PYTHONPATH=src python3 benchmarks/gpu_check_quant.py --cpu-smoke     # tiny shapes, interpreter
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_quant.py [--budget SECONDS] [--out DIR]
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_quant.py --sweep         # tile configs, for tuning
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_quant.py --tuned         # default vs OPFORGE_QUANT_TUNED
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_quant.py --cpu-smoke     # tiny shapes, interpreter
 
 1. Correctness (at most ~45 s: first compiles): the timed formats at every variant's M, the other
    formats (int4/int8, group 32/128/-1, symmetric or not) at M = 1 and 17, the in-kernel split
@@ -20,12 +20,12 @@ Run on the GPU machine (well under 120 s on an H100):
    kernel) and int8 g128 at M = 1/16, cuBLAS bf16 ``F.linear``, torch int4 tinygemm (g128),
    torch ``_weight_int8pack_mm``, and at M = 4096 "dequantize to bf16 + cuBLAS" (torch ops).
    % of copy bandwidth counts packed weights + scales (+ zeros) + x + out; speedups are over bf16.
-3. The issue's targets, each PASS/MISS, then a compact table. JSON to ``$OUT/quant.json``.
+3. The targets, each PASS/MISS, then a compact table. JSON to ``$OUT/quant.json``.
    The run uses the launch choices of the process's setting (``OPFORGE_QUANT_TUNED``; recorded
    as ``tuned`` in the JSON).
 
 ``--tuned`` (its own run, under 120 s on an H100): the default launch choices against the
-round-3 sweep's (``OPFORGE_QUANT_TUNED=1``, flipped in-process through
+third sweep's (``OPFORGE_QUANT_TUNED=1``, flipped in-process through
 ``opforge.ops.quant.problem.TUNED``) end to end through ``opforge.linear`` on the 5 shapes at
 M = 1, 16, 64, 256: int4 g128 at every M, int8 per-channel at M = 1 and 256 (its only choices
 that differ), bf16 cuBLAS for reference. Each output is NaN-poisoned and checked against float64
@@ -56,7 +56,7 @@ from opforge.testing import TOLERANCE, rel_error
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (128256, 2048)]
 MS = [1, 4, 8, 16, 64, 4096]
-#: Timed first, on every shape (the issue's targets); then MS_LATER while the budget lasts.
+#: Timed first, on every shape (the targets); then MS_LATER while the budget lasts.
 MS_FIRST = [1, 16, 64, 4096]
 MS_LATER = [4, 8]
 T0 = time.perf_counter()
@@ -406,7 +406,7 @@ COMPARE_INT8_MS = [1, 256]
 
 @contextlib.contextmanager
 def quant_setting(tuned: bool):
-    """The quant family's launch choices: main's defaults (False) or the round-3 sweep's (True)."""
+    """The quant family's launch choices: main's defaults (False) or the third sweep's (True)."""
     from opforge.ops.quant import problem as qproblem
     old = qproblem.TUNED
     qproblem.TUNED = tuned

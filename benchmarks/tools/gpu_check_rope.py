@@ -1,11 +1,11 @@
 """Check, then time, rotary_embedding, kv_cache_append and apply/revert_delay on a GPU.
 
-    PYTHONPATH=src python3 benchmarks/gpu_check_rope.py [--out DIR]      # < 80 s on an H100
-    PYTHONPATH=src python3 benchmarks/gpu_check_rope.py --cpu-smoke      # tiny shapes, interpreter
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_rope.py [--out DIR]      # < 80 s on an H100
+    PYTHONPATH=src python3 benchmarks/tools/gpu_check_rope.py --cpu-smoke      # tiny shapes, interpreter
 
 1. Correctness (budget ~36 s, mostly compiles): every kernel specialization class against the
    float64 oracle on fresh random data, outputs NaN-poisoned (ints: their minimum) first;
-   PASS/FAIL per case. Fewer dtype x layout repeats than round 1 (which spent 106 s here).
+   PASS/FAIL per case. Fewer dtype x layout repeats than the first version (which spent 106 s here).
 2. Copy bandwidth: a 512 MiB device-to-device copy (bytes read + written / median time).
 3. Timings, most wanted first (the script stops timing at 75 s):
    delay at the largest (B=32, T=3072, C=32, int64/int32: the >= 85% of copy target) and the

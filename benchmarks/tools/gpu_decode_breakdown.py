@@ -15,10 +15,10 @@ Parts (``--part``; default all but ``attn``):
 3. ``models``: the 1B model's graph-replayed decode step under each launch setting.
 4. ``attn``: decode attention at batch 1 by forced split count, in the same graph setting.
 
-    PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py              # ~2-3 min on an H100
-    PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --part sweep --rows 8,16   # batched decode
-    PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --part attn   # decode attention by split count
-    PYTHONPATH=src python3 benchmarks/gpu_decode_breakdown.py --cpu-smoke  # the script's logic
+    PYTHONPATH=src python3 benchmarks/tools/gpu_decode_breakdown.py              # ~2-3 min on an H100
+    PYTHONPATH=src python3 benchmarks/tools/gpu_decode_breakdown.py --part sweep --rows 8,16   # batched decode
+    PYTHONPATH=src python3 benchmarks/tools/gpu_decode_breakdown.py --part attn   # decode attention by split count
+    PYTHONPATH=src python3 benchmarks/tools/gpu_decode_breakdown.py --cpu-smoke  # the script's logic
 
 Writes ``$OUT/decode_breakdown.json``.
 """
@@ -66,16 +66,16 @@ INT8_CONFIGS = [((1, 16, 1024, False, 4, 1), 4, False), ((1, 16, 1024, False, 4,
 #: For ``--rows M`` > 1 (batched decode): ((BLOCK_M, BLOCK_N, BLOCK_K, dot, warps, stages), programs
 #: per SM, fixup, join, swap). BLOCK_M 0 stands for the power of two >= M (the GEMV kernel,
 #: M <= 16; small BLOCK_N keeps its 3-D tiles in registers: 72-168 registers, no spills for sm_90
-#: per benchmarks/quant_ptx.py), then tl.dot tiles, plain and in the JOIN (int4: codes unpacked
-#: through tl.join) and SWAP (weight as the MMA's first operand) forms. Session 6's first sweep
-#: (results/h100/session6/call1) had GEMV tiles for M 8/16 (3-5x slower) and a per-code-position
-#: dot form (slower than SWAP); this list is its second round, plus the non-swapped JOIN tiles
+#: per benchmarks/tools/quant_ptx.py), then tl.dot tiles, plain and in the JOIN (int4: codes unpacked
+#: through tl.join) and SWAP (weight as the MMA's first operand) forms. The first sweep at f515a1a
+#: (results/h100/2026-11-23-f515a1a/run1) had GEMV tiles for M 8/16 (3-5x slower) and a per-code-position
+#: dot form (slower than SWAP); this list is its second sweep, plus the non-swapped JOIN tiles
 #: that led at M = 64 on the largest shapes (to run next).
 ROWS_CONFIGS = [((16, 64, 128, True, 4, 3), 4, False, False, True), ((16, 64, 128, True, 4, 3), 4, False, True, True),
                 ((16, 128, 128, True, 4, 3), 4, False, True, True), ((16, 32, 128, True, 4, 3), 4, False, True, True),
                 ((16, 64, 128, True, 8, 3), 4, False, True, True), ((16, 64, 128, True, 4, 4), 4, False, True, True),
                 ((16, 128, 128, True, 4, 3), 4, False, True, False), ((16, 64, 128, True, 4, 3), 2, False, True, True),
-                # for M 33..64 (session 6's lead): non-swapped JOIN tiles, wider and with 8 warps
+                # for M 33..64 (the f515a1a lead): non-swapped JOIN tiles, wider and with 8 warps
                 ((16, 128, 128, True, 8, 3), 4, False, True, False), ((16, 256, 128, True, 8, 3), 4, False, True, False),
                 ((16, 128, 128, True, 4, 4), 4, False, True, False)]
 DENSE_ROWS_CONFIGS = [(2, 1024, 4, 4), (4, 512, 4, 4), (4, 256, 4, 4)]
@@ -184,7 +184,7 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
         fns = [lambda q=q: opforge.linear(x, q) for q in qs]
         if device == "cuda":
             # untimed: the first timing over a fresh weight set read 5-9% slow on the largest shape
-            # (session 7, gpu_timing_probe.py: 1B lm_head int8 98.1 us, then 93.0 and 93.0)
+            # (fed7445, a timing probe: 1B lm_head int8 98.1 us, then 93.0 and 93.0)
             graph_us(fns)
         timed(f"int{bits} linear", fns, lambda: opforge.linear(x, qs[0]), want)
         if m == 1:
@@ -220,9 +220,9 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
 ATTN_CASES = [("1B ctx512 cap1024", 32, 8, 64, 1024, 512), ("1B ctx512 cap4096", 32, 8, 64, 4096, 512),
               ("1B ctx4096", 32, 8, 64, 4096, 4096), ("8B ctx512 cap4096", 32, 8, 128, 4096, 512),
               ("8B ctx4096", 32, 8, 128, 4096, 4096)]
-#: (forced split count or None for the heuristic, slices by the tokens in the cache). Session 6
-#: swept split counts by capacity and by length (results/h100/session6/call1), then partials
-#: merged by the last split in the split kernel instead of a merge kernel (call3: 1.6-1.8x slower;
+#: (forced split count or None for the heuristic, slices by the tokens in the cache). at f515a1a
+#: swept split counts by capacity and by length (results/h100/2026-11-23-f515a1a/run1), then partials
+#: merged by the last split in the split kernel instead of a merge kernel (run 3: 1.6-1.8x slower;
 #: the merge kernel stayed).
 ATTN_SPLITS = [(None, False), (None, True), (8, True), (16, True), (32, True)]
 
@@ -309,7 +309,7 @@ def step_breakdown(device: str, smoke: bool, shape: str = "1b", quants: tuple = 
 
 def model_variants(device: str, smoke: bool) -> None:
     """The 1B model's decode step (graph replay, a 4096-token cache holding 512) at batch 1 and 8
-    under each launch setting: the defaults, then session 6's changes off (decode attention's
+    under each launch setting: the defaults, then the f515a1a changes off (decode attention's
     slices by length; the swapped dot tiles and the int4 JOIN unpack, batch 8 only)."""
     from opforge.models import load
     from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint

@@ -8,8 +8,8 @@ against a measured device copy. Writes JSON to ``$OUT/mps_quant.json``.
 ``--cpu-smoke`` runs the correctness part on tiny shapes in the MSL emulator (tests/metal_emu),
 so a typo cannot waste a Mac run. Nothing here has run on Apple hardware yet.
 
-    python benchmarks/mps_check_quant.py            # on a Mac
-    PYTHONPATH=src python benchmarks/mps_check_quant.py --cpu-smoke
+    python benchmarks/tools/mps_check_quant.py            # on a Mac
+    PYTHONPATH=src python benchmarks/tools/mps_check_quant.py --cpu-smoke
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Compiles the layer-norm kernels for sm_90 with the launch's specialization (16-byte aligned
 pointers, sizes and strides divisible by 16) and runs Triton's bundled ptxas on the PTX.
 
-    python benchmarks/norm_registers.py [--sample 0 64]
+    python benchmarks/tools/norm_registers.py [--sample 0 64]
 """
 from __future__ import annotations
 

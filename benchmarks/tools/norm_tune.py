@@ -1,6 +1,6 @@
 """Check, then time, every Triton norm variant and config at the `llm` shapes on a GPU.
 
-Run on the GPU machine:  PYTHONPATH=src python3 benchmarks/norm_tune.py [--quick] [--out DIR]
+Run on the GPU machine:  PYTHONPATH=src python3 benchmarks/tools/norm_tune.py [--quick] [--out DIR]
 Prints, per (op, dtype, shape): % of measured copy bandwidth for each variant/config, for the
 default selection and for torch eager; and wall time per call at small shapes. Writes JSON.
 """

@@ -2,8 +2,8 @@
 config, compiled for sm_90 with the launch's specialization (aligned pointers, sizes and strides
 divisible by 16). No GPU needed.
 
-    PYTHONPATH=src python benchmarks/quant_ptx.py            # a few configs: registers, spills, loads
-    PYTHONPATH=src python benchmarks/quant_ptx.py --matrix   # every constexpr combination compiles (~80 s)
+    PYTHONPATH=src python benchmarks/tools/quant_ptx.py            # a few configs: registers, spills, loads
+    PYTHONPATH=src python benchmarks/tools/quant_ptx.py --matrix   # every constexpr combination compiles (~80 s)
 """
 from __future__ import annotations
 

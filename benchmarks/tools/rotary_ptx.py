@@ -3,7 +3,7 @@
 For the prefill configuration (bf16, D = R = 128, rotate-half, 16-byte divisible strides):
 heads per program x num_warps as in gpu_check_rope.py's sweep.
 
-    PYTHONPATH=src python benchmarks/rotary_ptx.py
+    PYTHONPATH=src python benchmarks/tools/rotary_ptx.py
 """
 from __future__ import annotations
 

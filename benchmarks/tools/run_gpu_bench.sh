@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The one command for a lent H100: every suite (seed, llm, latency) measured in one process,
+# The one command for a GPU: every suite (seed, llm, latency) measured in one process,
 # results written to $OUT, a compact summary printed last.
 #
-#   device tool:  run(command="OPFORGE_COMMIT=<sha> bash benchmarks/run_h100.sh", carry=[".whl"],
+#   device tool:  run(command="OPFORGE_COMMIT=<sha> bash benchmarks/tools/run_gpu_bench.sh", carry=[".whl"],
 #                     timeout_s=600)     (OPFORGE_COMMIT: the tree there has no .git to ask)
-#   anywhere:     OUT=/tmp/bench bash benchmarks/run_h100.sh
+#   anywhere:     OUT=/tmp/bench bash benchmarks/tools/run_gpu_bench.sh
 #
 # Files written to $OUT (6, each well under 16 MiB):
 #   results.json  every number + device, driver, torch/triton versions, date

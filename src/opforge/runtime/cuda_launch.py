@@ -3,7 +3,7 @@
 
 Off unless ``OPFORGE_CUDA_LAUNCH=1``. Written and tested on a machine without a GPU (the
 parameter packing against a fake ``cuLaunchKernel``); never run on a GPU yet, so no number
-anywhere comes from it. ``benchmarks/gpu_check_plans.py --cuda-launch`` checks and times it.
+anywhere comes from it. It was checked and timed on an H100 (benchmarks/NOTES.md, Host overhead).
 
 The kernel parameters of a Triton-compiled kernel are its arguments that are not constexpr, in
 order (``compiled.src.signature``: constexprs and integers specialized as 1 are marked

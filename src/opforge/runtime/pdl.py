@@ -4,7 +4,7 @@ A decode step is a chain of ~180 small dependent kernels. Normally a kernel's bl
 scheduled only once the kernel before it has finished; with PDL the next kernel is launched while
 its predecessor still runs, and its blocks wait on the device (``griddepcontrol.wait``) for the
 predecessor's completion and memory. The launch and scheduling latency overlaps the
-predecessor's tail. Measured on the H100 (at fed7445, ``benchmarks/gpu_pdl_probe.py``, a CUDA graph
+predecessor's tail. Measured on the H100 (at fed7445, a probe kept in benchmarks/NOTES.md, a CUDA graph
 of 48 norm -> GEMV pairs over 2048x2048 bf16 weights): 6.65 -> 5.22 us per pair.
 
 A kernel opts in with a constexpr parameter named ``PDL`` and calls ``wait_for_previous(PDL)``

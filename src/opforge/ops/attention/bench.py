@@ -4,12 +4,12 @@ Shapes:
 
 * ``attention`` / ``attention_causal``: ``(B, H, S, D)``; q, k and v each (B, H, S, D), random normal.
   Compute-bound: the report's time ratio matters (TFLOP/s = 4 B H S² D / t, halved when causal,
-  is printed by ``benchmarks/gpu_check_attn.py``); the bytes are q, k, v read and out written.
+  is printed by ``benchmarks/tools/gpu_check_attn.py``); the bytes are q, k, v read and out written.
 * ``decode_attention``: ``(B, Hq, Hkv, ctx, D)``; one query token per sequence over a cache of
   ``ctx`` tokens, every sequence at full length. Bytes: K and V read, q read, out written.
 
 The ``torch`` peer is ``F.scaled_dot_product_attention`` with torch's own backend choice
-(``enable_gqa=True`` for grouped heads); ``benchmarks/gpu_check_attn.py`` times each SDPA backend
+(``enable_gqa=True`` for grouped heads); ``benchmarks/tools/gpu_check_attn.py`` times each SDPA backend
 separately. Target here: no slower than SDPA (decode's share of copy is in the report; its 85%
 goal and the prefill TFLOP/s goals are judged by the gpu_check script).
 """

@@ -48,7 +48,7 @@ DECODE_PROGRAMS_PER_SM = 2
 MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
 # decode: slices sized by the tokens in the cache (read on the device) rather than by its
 # capacity, about one program per SM. H100 (at f515a1a, batch 1, CUDA graphs, L2-cold caches,
-# benchmarks/gpu_decode_breakdown.py --part attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
+# benchmarks/tools/gpu_decode_breakdown.py --part attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
 # in a 1024 cache 6.7 -> 5.8; 8B 512 in 4096 8.4 -> 6.3; full 4096 caches 9.0 -> 9.2 and 12.3 ->
 # 12.4 (1B, 8B). ``OPFORGE_DECODE_BY_LENGTH=0`` restores the capacity's slices.
 DECODE_BY_LENGTH = os.environ.get("OPFORGE_DECODE_BY_LENGTH", "1") not in ("", "0")
@@ -275,7 +275,7 @@ def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[in
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the prefill kernel (H100 defaults; the
     tiles shrink with the head block, and for float32, whose IEEE dots run without tensor cores:
     these are the largest tiles ptxas compiles for sm_90 without spilling, per
-    ``benchmarks/attn_registers.py``)."""
+    ``benchmarks/tools/attn_registers.py``)."""
     if interpreted:
         return 16, 16, 1, 1
     block_d = head_block(d)

@@ -36,7 +36,7 @@ LOOP_CHUNK = 32768
 # row's first S values, which does not wait for the row; then, where E[(x - shift)^2] > SHIFT_FAR *
 # var (the shift over ~4 standard deviations off the mean, the one-pass form losing ~4 bits), the
 # variance is recomputed around the mean. S > 0 is correct and tested but not yet measured on a
-# GPU (benchmarks/shift_and_plans_probe.py does), so the measured S = 0 stays the default.
+# GPU (see benchmarks/NOTES.md, Norms), so the measured S = 0 stays the default.
 SHIFT_SAMPLE = 0
 SHIFT_FAR = tl.constexpr(16.0)
 

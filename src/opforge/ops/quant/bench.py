@@ -12,13 +12,13 @@ int8: N*K + 2 bytes per row), so the % of copy shown is that of the quantized fo
 
 Suite: ``quant`` (``opforge bench --suite quant``): bf16 x at M = 1, 16, 64, 4096 and the
 weight shapes 4096x4096, 14336x4096, 4096x14336, 28672x8192, 128256x2048.
-``benchmarks/gpu_check_quant.py`` adds torch's own int4/int8 kernels and the targets.
+``benchmarks/tools/gpu_check_quant.py`` adds torch's own int4/int8 kernels and the targets.
 
 Suite: ``decode_gemv`` (``opforge bench --suite decode_gemv``): one row of bf16 x against the
 projection shapes of the Llama-3.2-1B and Llama-3-8B decoders, for int4 g128, int8 per-channel
 and a dense bf16 weight (``linear_dense``: ``opforge.linear`` with a dense weight, which on CUDA
 runs opforge's dense GEMV at M = 1, against cuBLAS ``F.linear``). It repeats in the harness what
-``benchmarks/gpu_decode_breakdown.py`` sweeps in CUDA graphs; its calls are eager, so the small
+``benchmarks/tools/gpu_decode_breakdown.py`` sweeps in CUDA graphs; its calls are eager, so the small
 shapes are host-bound (first GPU run: at fed7445, ``benchmarks/results/h100/2026-11-23-fed7445/run6``).
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ float32 partials in split order: the same ``_store`` as the quantized GEMV).
 
 ``linear`` runs it for one row of x with a dense fp16/bf16 weight on CUDA (``DENSE_GEMV``,
 ``OPFORGE_DENSE_GEMV=0`` turns it off; traced as ``triton``/``dense_gemv``); more rows go to
-cuBLAS. Measured (H100, at b634a74, ``benchmarks/gpu_decode_breakdown.py``): the 1B model's bf16
+cuBLAS. Measured (H100, at b634a74, ``benchmarks/tools/gpu_decode_breakdown.py``): the 1B model's bf16
 decode step 1369 -> 1223 us (graph replay), each decode GEMV shape 1.06-1.27x cuBLAS.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ TUNED: bool = os.environ.get("OPFORGE_QUANT_TUNED", "1") not in ("", "0")
 #: M*N*K GEMM this large. None turns it off. With ``OPFORGE_QUANT_TUNED=0`` ...
 DEQUANT_GEMM_MIN_M: "Optional[int]" = 1024
 #: ... and the threshold under ``TUNED``. H100 sweep (third sweep, int4 g128,
-#: benchmarks/gpu_check_quant.py --sweep): at M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM
+#: benchmarks/tools/gpu_check_quant.py --sweep): at M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM
 #: 112.9 (4096x4096), 439.6 vs 802.1 (28672x8192); M=64 stays on the Triton GEMM. End to end
 #: (at 629522a): M=256 int4 1.41-3.09x, int8 1.04-1.27x the Triton GEMM.
 DEQUANT_GEMM_MIN_M_TUNED: "Optional[int]" = 256

@@ -36,7 +36,7 @@ Launch choices: by default (``problem.TUNED``; ``OPFORGE_QUANT_TUNED=0`` turns i
 third H100 sweep's: the in-kernel split reduction for the int4 GEMV kernel, int4 tiles
 (16, 128, 128) for M 5..16 and (64, 64, 128) for M 33..64, and dequant+cuBLAS from M = 256.
 Each won in a sweep of single launch configs and, measured end to end at 629522a
-(``benchmarks/gpu_check_quant.py --tuned``), was as fast or faster on the GPU-bound shapes; the
+(``benchmarks/tools/gpu_check_quant.py --tuned``), was as fast or faster on the GPU-bound shapes; the
 int8 GEMV kernel's in-kernel reduction measured slower there (0.53-0.99x) and stays off. Later
 sweeps (CUDA graphs, L2-cold weights) added wide-K GEMV tiles for one row (at b634a74), the
 swapped dot tiles up to 64 rows (at f515a1a, ``DOT_SWAP``; they replace the M 5..64 tiles above)
@@ -47,7 +47,7 @@ Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``
 exact in float32 and in 16-bit floats (the dot path keeps an offset on them, 128 or 1024, folded
 into the zero), products are exact and sums float32: the result is the QuantizedWeight's up to
 float32 accumulation; no dequantized weight is rounded to 16 bits. Under the interpreter (whose
-bf16 ``tl.dot`` is wrong) the dot operands are cast to float32. ``benchmarks/quant_ptx.py``
+bf16 ``tl.dot`` is wrong) the dot operands are cast to float32. ``benchmarks/tools/quant_ptx.py``
 reports registers, spills and shared memory per config for sm_90 without a GPU.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ MAX_SPLIT = 32
 #: The FMA (GEMV) kernel takes up to this many rows of x per program (BLOCK_M) ...
 GEMV_MAX_M = 16
 #: ... and runs by default up to this many (int4; int8: 2). Past 4 rows its 3-D tiles spill on
-#: sm_90 (ptxas, benchmarks/quant_ptx.py) and the tl.dot kernel with 16 padded rows takes over.
+#: sm_90 (ptxas, benchmarks/tools/quant_ptx.py) and the tl.dot kernel with 16 padded rows takes over.
 GEMV_ROWS = 4
 #: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
 #: instead of a second combine kernel. Default: off for both kernels.
@@ -89,7 +89,7 @@ SPLIT_FIXUP_DOT = False
 #: words at once, as 8 rows of 1 KB (2048 int4 / 1024 int8 codes) or, for N >= ``WIDE_K_WIDE_N``,
 #: 16 rows of 512 B, so a decode-sized weight is read in one or a few steps with every load in
 #: flight, instead of 8 KB steps of 128 codes over up to 16 K splits. H100 sweep (at b634a74,
-#: CUDA graphs over L2-cold weights, ``benchmarks/gpu_decode_breakdown.py``): 1B qkv/o/gate_up/down
+#: CUDA graphs over L2-cold weights, ``benchmarks/tools/gpu_decode_breakdown.py``): 1B qkv/o/gate_up/down
 #: 4.6/4.0/12.5/9.2 us vs 6.8/6.1/13.4/10.2 with the 128x128 tiles (torch's tinygemm 4.1/3.8/12.0/8.3).
 #: Part of the tuned choices (``OPFORGE_QUANT_TUNED=0`` leaves it out too); ``OPFORGE_QUANT_WIDE_K=0``
 #: turns it off alone (read at import; the kernels read this attribute).
