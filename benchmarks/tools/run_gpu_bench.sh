@@ -2,9 +2,7 @@
 # The one command for a GPU: every suite (seed, llm, latency) measured in one process,
 # results written to $OUT, a compact summary printed last.
 #
-#   device tool:  run(command="OPFORGE_COMMIT=<sha> bash benchmarks/tools/run_gpu_bench.sh", carry=[".whl"],
-#                     timeout_s=600)     (OPFORGE_COMMIT: the tree there has no .git to ask)
-#   anywhere:     OUT=/tmp/bench bash benchmarks/tools/run_gpu_bench.sh
+#   OUT=/tmp/bench [OPFORGE_COMMIT=<sha>] bash benchmarks/tools/run_gpu_bench.sh   (OPFORGE_COMMIT: where the tree has no .git)
 #
 # Files written to $OUT (6, each well under 16 MiB):
 #   results.json  every number + device, driver, torch/triton versions, date
