@@ -336,7 +336,7 @@ def _decode_case(b: int, hq: int, hkv: int, ctx: int, d: int, copy_gbs: float) -
         _store_times(row, "opforge", t)
         row["opforge_pct_copy"] = 100 * nbytes / (row["opforge_us"] * 1e-6) / 1e9 / copy_gbs
         row["opforge_pct_copy_bench"] = 100 * nbytes / (row["opforge_bench_us"] * 1e-6) / 1e9 / copy_gbs
-        row["splits"] = tk.decode_splits(b, hkv, 1, ctx, tk._sms(q), tk.decode_config(d, 2, hq // hkv)[1])[0]
+        row["splits"] = tk.decode_splits_by_length(b, hkv, 1, ctx, tk._sms(q), tk.decode_config(d, 2, hq // hkv)[1])
         for name, backend in sdpa_backends():
             if name == "math" and ctx > 8192:
                 continue
@@ -429,7 +429,7 @@ def sweep(budget: float, copy_gbs: float, smoke: bool = False) -> list[dict]:
             print("sweep", rows[-1], flush=True)
             continue
         nbytes = 2 * b * hkv * ctx * d * 2 + 2 * q.numel() * 2
-        default_splits = tk.decode_splits(b, hkv, 1, ctx, tk._sms(q), tk.decode_config(d, 2, hq // hkv)[1])[0]
+        default_splits = tk.decode_splits_by_length(b, hkv, 1, ctx, tk._sms(q), tk.decode_config(d, 2, hq // hkv)[1])
         for splits in DECODE_SWEEP_SPLITS:
             if ctx // splits < 64 or elapsed() > decode_deadline:
                 continue

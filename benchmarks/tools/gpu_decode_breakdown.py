@@ -224,13 +224,13 @@ ATTN_CASES = [("1B ctx512 cap1024", 32, 8, 64, 1024, 512), ("1B ctx512 cap4096",
 #: swept split counts by capacity and by length (results/h100/2026-11-23-f515a1a/run1), then partials
 #: merged by the last split in the split kernel instead of a merge kernel (run 3: 1.6-1.8x slower;
 #: the merge kernel stayed).
-ATTN_SPLITS = [(None, False), (None, True), (8, True), (16, True), (32, True)]
+ATTN_SPLITS = [None, 8, 16, 32]
 
 
 def attention_splits(device: str, smoke: bool, deadline: float) -> None:
     """Decode attention at batch 1 as a decode step runs it (a CUDA graph over one cache per layer,
-    L2-cold), by forced split count (None: the heuristic, which sizes splits by the cache's
-    capacity, not by the tokens in it). Each split count checked against float64 first."""
+    L2-cold), by forced split count (None: the heuristic, slices that divide the tokens in the
+    cache). Each split count checked against float64 first."""
     from opforge.ops.attention import reference
     from opforge.ops.attention import triton_kernels as ak
     from opforge.ops.attention.problem import prepare_decode
@@ -247,11 +247,11 @@ def attention_splits(device: str, smoke: bool, deadline: float) -> None:
         calls = [prepare_decode(q, k, v, lens, None) for k, v in caches]
         want = reference.decode_attention(q.double(), caches[0][0].double(), caches[0][1].double(), lens)
         row: dict[str, Any] = {"case": label, "us": {}, "rel_err": {}}
-        for splits, by_length in ATTN_SPLITS:
+        for splits in ATTN_SPLITS:
             if time.time() > deadline:
                 break
-            name = f"splits={splits or 'default'}{' by length' if by_length else ''}"
-            kw = {"splits": splits, "by_length": by_length}
+            name = f"splits={splits or 'default'}"
+            kw = {"splits": splits}
             check_then_time(row, f"attention {label}", name,
                             [lambda c=c, kw=kw: ak.launch_decode(c, **kw) for c in calls],
                             lambda kw=kw: ak.launch_decode(calls[0], **kw), want, device)

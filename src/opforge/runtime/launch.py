@@ -17,7 +17,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import cuda_launch
 from .backends import triton_interpreting
 from .lru import LRU
 
@@ -160,7 +159,7 @@ class TritonLauncher:
             # this Triton's binaries cannot be launched directly, or a profiler wants launch metadata
             self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
             return
-        function, packed, run, tensor_positions, _ = compiled
+        function, packed, run, tensor_positions = compiled
         # Raw addresses: Triton's launcher would otherwise call data_ptr() and query the driver
         # about every pointer (cuPointerGetAttribute); the op has already checked the devices.
         flat = list(args)
@@ -183,7 +182,7 @@ class TritonLauncher:
         compiled = self._compiled.get(key)
         if not compiled or not self._direct_ok(device_index):
             return False
-        function, packed, run, _, _ = compiled
+        function, packed, run, _ = compiled
         run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
             self._stream(device_index), function, packed, None, None, None, *raw_args)
         self.fast_path = True
@@ -200,17 +199,8 @@ class TritonLauncher:
         compiled = self._compiled.get(key)
         if not compiled:
             return None
-        function, packed, run, _, kernel = compiled
+        function, packed, run, _ = compiled
         direct_ok, stream = self._direct_ok, self._stream
-        if cuda_launch.enabled():  # experimental, off by default, unmeasured
-            driver_go = cuda_launch.launcher_for(kernel)
-            if driver_go is not None:
-                def go_driver(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
-                    if not direct_ok(device_index):
-                        return False
-                    driver_go(grid_x, stream(device_index), raw_args)
-                    return True
-                return go_driver
         call = c_launch(run) or run  # both take run's arguments
 
         def go(grid_x: int, raw_args: Sequence[Any], device_index: int) -> bool:
@@ -226,14 +216,13 @@ class TritonLauncher:
             and not _hook_active(self._hooks.launch_exit_hook)
 
     def _prepare(self, compiled: Any, args: Sequence[Any]) -> Any:
-        """Keep what a direct launch needs (and the compiled kernel itself, for ``cuda_launch``), or
-        False where this Triton lacks the pieces."""
+        """Keep what a direct launch needs, or False where this Triton lacks the pieces."""
         try:
             from triton import knobs
 
             self._hooks = knobs.runtime
             tensor_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-            return (compiled.function, compiled.packed_metadata, compiled.run, tensor_positions, compiled)
+            return (compiled.function, compiled.packed_metadata, compiled.run, tensor_positions)
         except (ImportError, AttributeError):
             return False
 

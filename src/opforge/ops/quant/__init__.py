@@ -19,7 +19,7 @@ rounds the dequantized weight to x's dtype and lets cuBLAS multiply). Every call
 ``qmv``/``qmm`` on MPS (``opforge.ops.quant.metal``, verified by emulation only), the torch path elsewhere), runs it and, inside ``opforge.trace()``,
 records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend,
 except one row of x (decode) with an fp16/bf16 weight on CUDA: opforge's dense GEMV
-(``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``; ``OPFORGE_DENSE_GEMV=0`` turns it off).
+(``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``).
 
 Launch choices (tiles, K splits, variant thresholds) are by default the third H100 sweep's,
 measured end to end at 629522a (``benchmarks/tools/gpu_check_quant.py --tuned``): the in-kernel split

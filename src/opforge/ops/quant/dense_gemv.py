@@ -7,14 +7,13 @@ loads along K in (BLOCK_N, BLOCK_K) tiles, multiplies by x in float32 registers,
 the end, and splits K when N alone gives too few programs (the last split of a tile adds the
 float32 partials in split order: the same ``_store`` as the quantized GEMV).
 
-``linear`` runs it for one row of x with a dense fp16/bf16 weight on CUDA (``DENSE_GEMV``,
-``OPFORGE_DENSE_GEMV=0`` turns it off; traced as ``triton``/``dense_gemv``); more rows go to
+``linear`` runs it for one row of x with a dense fp16/bf16 weight on CUDA (traced as
+``triton``/``dense_gemv``); more rows go to
 cuBLAS. Measured (H100, at b634a74, ``benchmarks/tools/gpu_decode_breakdown.py``): the 1B model's bf16
 decode step 1369 -> 1223 us (graph replay), each decode GEMV shape 1.06-1.27x cuBLAS.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -25,10 +24,6 @@ from ...runtime import alloc, pdl
 from ...runtime.launch import TritonLauncher, cdiv
 from .triton_kernels import _counters, _split, _store
 
-#: Whether ``linear`` runs this kernel for a dense fp16/bf16 weight and one row of x on CUDA
-#: (read at import; on by default since the end-to-end measurement at b634a74, ``OPFORGE_DENSE_GEMV=0``
-#: turns it off).
-DENSE_GEMV = os.environ.get("OPFORGE_DENSE_GEMV", "1") not in ("", "0")
 #: (BLOCK_N, BLOCK_K, num_warps, programs per SM) when no config is given.
 DEFAULT_CONFIG = (32, 256, 4, 4)
 #: Bytes of weight per program step in ``config_for`` (16-byte loads, all in flight at once).
@@ -95,10 +90,10 @@ def config_for(n: int, k: int, itemsize: int) -> tuple[int, int, int, int]:
 
 
 def supported(x: torch.Tensor, w: torch.Tensor, m: int) -> bool:
-    """Whether ``linear`` sends this dense call here: ``DENSE_GEMV`` on, one row, fp16/bf16 on CUDA,
+    """Whether ``linear`` sends this dense call here: one row, fp16/bf16 on CUDA,
     a weight with unit last stride, compiled Triton (not the interpreter)."""
     from ...runtime.backends import triton_interpreting
-    return DENSE_GEMV and m == 1 and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) \
+    return m == 1 and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) \
         and w.stride(-1) == 1 and not triton_interpreting()
 
 
