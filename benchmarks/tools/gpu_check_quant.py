@@ -5,7 +5,6 @@ Run on the GPU machine (well under 120 s on an H100):
 
     PYTHONPATH=src python3 benchmarks/tools/gpu_check_quant.py [--budget SECONDS] [--out DIR]
     PYTHONPATH=src python3 benchmarks/tools/gpu_check_quant.py --sweep         # tile configs, for tuning
-    PYTHONPATH=src python3 benchmarks/tools/gpu_check_quant.py --tuned         # default vs OPFORGE_QUANT_TUNED
     PYTHONPATH=src python3 benchmarks/tools/gpu_check_quant.py --cpu-smoke     # tiny shapes, interpreter
 
 1. Correctness (at most ~45 s: first compiles): the timed formats at every variant's M, the other
@@ -21,21 +20,10 @@ Run on the GPU machine (well under 120 s on an H100):
    torch ``_weight_int8pack_mm``, and at M = 4096 "dequantize to bf16 + cuBLAS" (torch ops).
    % of copy bandwidth counts packed weights + scales (+ zeros) + x + out; speedups are over bf16.
 3. The targets, each PASS/MISS, then a compact table. JSON to ``$OUT/quant.json``.
-   The run uses the launch choices of the process's setting (``OPFORGE_QUANT_TUNED``; recorded
-   as ``tuned`` in the JSON).
-
-``--tuned`` (its own run, under 120 s on an H100): the default launch choices against the
-third sweep's (``OPFORGE_QUANT_TUNED=1``, flipped in-process through
-``opforge.ops.quant.problem.TUNED``) end to end through ``opforge.linear`` on the 5 shapes at
-M = 1, 16, 64, 256: int4 g128 at every M, int8 per-channel at M = 1 and 256 (its only choices
-that differ), bf16 cuBLAS for reference. Each output is NaN-poisoned and checked against float64
-first; default and tuned are timed back to back (order alternating per shape). Prints the ratio
-per row and a verdict per (format, M); JSON to ``$OUT/quant_tuned.json``.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -396,154 +384,6 @@ def sweep(bench: Bench, results: dict) -> None:
     results["sweep_best"] = {str(key): dict(ms=v[0], choice=v[1], default=v[2]) for key, v in best.items()}
 
 
-# -- default vs tuned launch choices (--tuned) -------------------------------------------------------------
-
-COMPARE_MS = [1, 16, 64, 256]
-#: int8 per-channel: the tuned setting changes only the GEMV split reduction (M <= 2) and the
-#: dequant+cuBLAS threshold
-COMPARE_INT8_MS = [1, 256]
-
-
-@contextlib.contextmanager
-def quant_setting(tuned: bool):
-    """The quant family's launch choices: main's defaults (False) or the third sweep's (True)."""
-    from opforge.ops.quant import problem as qproblem
-    old = qproblem.TUNED
-    qproblem.TUNED = tuned
-    try:
-        yield
-    finally:
-        qproblem.TUNED = old
-
-
-def launch_choice(x: torch.Tensor, qw: opforge.QuantizedWeight, variant: str) -> dict:
-    """The tiles, K split and split reduction ``opforge.linear`` takes under the current setting."""
-    from opforge.ops.quant import problem as qproblem, triton_kernels as qtk
-    if variant not in ("decode", "prefill"):
-        return dict(variant=variant)
-    p = qproblem.prepare(x, qw, None).problem
-    cfg = qtk.tile_config(p)
-    tiles = qtk.cdiv(p.m, cfg[0]) * qtk.cdiv(p.n, cfg[1])
-    cap = min(qtk.MAX_SPLIT, max(1, qw.nbytes // (2 * 8 * p.m * p.n)))
-    split = qtk._split(tiles, p.k, cfg[2], x.device, qtk.PROGRAMS_PER_SM, cap)[0]
-    return dict(variant=variant, config=list(cfg), split=split, fixup=bool(split > 1 and qtk.split_fixup(cfg, p.bits)))
-
-
-def choice_text(c: dict) -> str:
-    if "config" not in c:
-        return c.get("variant", "?")
-    bm, bn, bk, dot = c["config"][:4]
-    return f"{'dot' if dot else 'gemv'} {bm}x{bn}x{bk} s{c['split']}{' fixup' if c['fixup'] else ''}"
-
-
-def compare_settings(bench: Bench, shapes: list, ms: list, results: dict) -> None:
-    """Default vs tuned launch choices, end to end through ``opforge.linear``, per (shape, M)."""
-    dev = bench.device
-    for i, (n, k) in enumerate(shapes):
-        try:
-            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
-            formats = [("int4 g128", opforge.quantize_weight(w, 4, 128), ms),
-                       ("int8 per-ch", opforge.quantize_weight(w, 8, -1, symmetric=True),
-                        [m for m in ms if m in COMPARE_INT8_MS])]
-            exact = {fmt: qw.dequantize(torch.float64) for fmt, qw, _ in formats}   # the oracle's weights
-        except Exception as exc:
-            results["skipped"].append(f"tuned {n}x{k}: {type(exc).__name__}: {exc}"[:300])
-            traceback.print_exc(limit=2)
-            continue
-        order = (False, True) if i % 2 == 0 else (True, False)
-        for m in ms:
-            if bench.spent(f"tuned {n}x{k} M={m}", results):
-                continue
-            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            io_bytes = x.numel() * 2 + m * n * 2
-            try:
-                base = bench.ms(lambda: F.linear(x, w))
-                results["compare"].append(dict(shape=[n, k], m=m, impl="bf16 cuBLAS", ms=base))
-                print(f"{n:>6d}x{k:<6d} M={m:<4d} {'bf16 cuBLAS':12s} {base * 1e3:9.1f} us", flush=True)
-            except Exception as exc:
-                base = None
-                print(f"{n}x{k} M={m} bf16 cuBLAS: {type(exc).__name__}: {exc}", flush=True)
-            for fmt, qw, fmt_ms in formats:
-                if m not in fmt_ms:
-                    continue
-                row: dict[str, Any] = dict(shape=[n, k], m=m, impl=f"opforge {fmt}")
-                try:
-                    ref = x.double() @ exact[fmt].T
-                    for tuned in order:
-                        name = "tuned" if tuned else "default"
-                        with quant_setting(tuned):
-                            with alloc.poisoned_outputs(), opforge.trace() as t:
-                                y = opforge.linear(x, qw)
-                            choice = launch_choice(x, qw, t[0].variant)
-                            choice["backend"] = t[0].backend
-                            choice["err"] = rel_error(y, ref)
-                            choice["ok"] = choice["err"] <= TOLERANCE[torch.bfloat16]
-                            del y
-                            choice["ms"] = bench.ms(lambda: opforge.linear(x, qw))
-                        choice["pct_copy"] = 100.0 * (qw.nbytes + io_bytes) / (choice["ms"] * 1e-3) / 1e9 / \
-                            results["copy_gbs"]
-                        choice["speedup_vs_bf16"] = base / choice["ms"] if base else None
-                        row[name] = choice
-                    del ref
-                    row["tuned_speedup"] = row["default"]["ms"] / row["tuned"]["ms"]
-                    same = row["default"].get("config") == row["tuned"].get("config") and \
-                        row["default"]["variant"] == row["tuned"]["variant"] and \
-                        row["default"].get("fixup") == row["tuned"].get("fixup")
-                    row["same_choice"] = same
-                except Exception as exc:
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                    traceback.print_exc(limit=2)
-                results["compare"].append(row)
-                if "error" in row:
-                    print(f"{n:>6d}x{k:<6d} M={m:<4d} {fmt:12s} {row['error']}", flush=True)
-                    continue
-                d, t_ = row["default"], row["tuned"]
-                fail = "" if d["ok"] and t_["ok"] else f"  (FAIL: err {d['err']:.1e} / {t_['err']:.1e})"
-                print(f"{n:>6d}x{k:<6d} M={m:<4d} {fmt:12s} default {d['ms'] * 1e3:8.1f} us [{choice_text(d)}]"
-                      f"  tuned {t_['ms'] * 1e3:8.1f} us [{choice_text(t_)}]  tuned x{row['tuned_speedup']:.3f}"
-                      f"{'  (same choice)' if same else ''}{fail}", flush=True)
-        del w, formats, exact
-        if dev == "cuda":
-            torch.cuda.empty_cache()
-
-
-def compare_verdicts(results: dict) -> list[str]:
-    """Per (format, M): on how many shapes tuned beats default by > 2%, and the geometric mean."""
-    lines = []
-    groups: dict = {}
-    for r in results["compare"]:
-        if "tuned_speedup" in r and r["default"]["ok"] and r["tuned"]["ok"]:
-            groups.setdefault((r["impl"], r["m"]), []).append(r)
-    for (impl, m), rows in groups.items():
-        ratios = [r["tuned_speedup"] for r in rows]
-        geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
-        wins = sum(v > 1.02 for v in ratios)
-        losses = sum(v < 0.98 for v in ratios)
-        same = all(r["same_choice"] for r in rows)
-        lines.append(f"  {impl:20s} M={m:<4d} tuned/default speedup geomean x{geo:.3f} over {len(rows)} shapes "
-                     f"(faster >2%: {wins}, slower >2%: {losses}){'  same launch choice' if same else ''}: "
-                     + ", ".join(f"{r['shape'][0]}x{r['shape'][1]} x{r['tuned_speedup']:.2f}" for r in rows))
-    return lines
-
-
-def run_compare(bench: Bench, smoke: bool, args, results: dict) -> int:
-    shapes = [(64, 256), (96, 512)] if smoke else SHAPES
-    print(f"== default vs tuned launch choices (OPFORGE_QUANT_TUNED), M = {COMPARE_MS}", flush=True)
-    with opforge.backend("triton") if smoke else contextlib.nullcontext():
-        compare_settings(bench, shapes, COMPARE_MS, results)
-    print(f"== verdicts ({elapsed():.0f} s): tuned speedup = default time / tuned time")
-    for line in compare_verdicts(results):
-        print(line)
-    bad = [r for r in results["compare"] if "error" in r or
-           ("default" in r and not (r["default"]["ok"] and r["tuned"]["ok"]))]
-    print(f"rows failing (error or wrong result): {len(bad)}; skipped: {len(results['skipped'])}")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "quant_tuned.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    print(f"wrote {os.path.join(args.out, 'quant_tuned.json')} ({elapsed():.0f} s)")
-    return 1 if bad else 0
-
-
 def judge_targets(results: dict) -> list[str]:
     rows = {(tuple(r["shape"]), r["m"], r["impl"]): r for r in results["timing"] if "ms" in r}
     lines = []
@@ -575,8 +415,6 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU through the interpreter")
     ap.add_argument("--budget", type=float, default=95.0)
     ap.add_argument("--sweep", action="store_true", help="only the tile-config sweep (a second run, for tuning)")
-    ap.add_argument("--tuned", action="store_true",
-                    help="only default vs OPFORGE_QUANT_TUNED launch choices, end to end (a separate run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = ap.parse_args()
     device = pick_device(args.cpu_smoke)
@@ -586,8 +424,6 @@ def main() -> int:
     bench = Bench(device, args.budget)
     results: dict[str, Any] = dict(device=str(opforge.device_info()), torch=torch.__version__, correctness=[],
                                    timing=[], peer_notes={}, skipped=[], sweep=[], compare=[])
-    from opforge.ops.quant import problem as qproblem
-    results["tuned"] = qproblem.TUNED
     try:
         import triton
         results["triton"] = triton.__version__
@@ -595,10 +431,7 @@ def main() -> int:
         pass
     copy_gbs = measure_copy_gbs(device)
     results["copy_gbs"] = copy_gbs
-    print(f"device {results['device']}, torch {torch.__version__}, copy {copy_gbs:.0f} GB/s, "
-          f"quant launch choices: {'tuned (OPFORGE_QUANT_TUNED)' if qproblem.TUNED else 'default'}", flush=True)
-    if args.tuned:
-        return run_compare(bench, args.cpu_smoke, args, results)
+    print(f"device {results['device']}, torch {torch.__version__}, copy {copy_gbs:.0f} GB/s", flush=True)
     if args.sweep:
         sweep(bench, results)
         os.makedirs(args.out, exist_ok=True)

@@ -187,9 +187,6 @@ def sweep_shape(n: int, k: int, label: str, device: str, smoke: bool, deadline: 
             # (fed7445, a timing probe: 1B lm_head int8 98.1 us, then 93.0 and 93.0)
             graph_us(fns)
         timed(f"int{bits} linear", fns, lambda: opforge.linear(x, qs[0]), want)
-        if m == 1:
-            flagged(qk, "WIDE_K", True, lambda: timed(f"int{bits} linear wide", fns,
-                                                       lambda: opforge.linear(x, qs[0]), want))
         if m > 16:   # the prefill variant's other path: dequantize once, then cuBLAS
             timed(f"int{bits} dequant+cublas", [lambda c=c: qk.launch_dequant_gemm(c) for c in calls],
                   lambda: qk.launch_dequant_gemm(calls[0]), want)
@@ -326,11 +323,7 @@ def model_variants(device: str, smoke: bool) -> None:
             model.prefill(ids, torch.tensor([512] * batch))
             tok, seqlens = ids[:, -1].clone(), model.cache_seqlens[:batch]
             ref = model.decode_step(tok, seqlens)
-            variants = [("default", ()), ("by_length=0", ((ak, "DECODE_BY_LENGTH", False),))]
-            if quant is not None and batch > 1:
-                variants += [("swap=0", ((qk, "DOT_SWAP", False),))]
-                if quant == "int4":
-                    variants += [("join=0", ((qk, "DOT_JOIN", False),))]
+            variants = [("default", ())]
             for name, flags in variants:
                 label = f"b{batch} {quant or 'bf16'}{' head' if head else ''} {name}"
 

@@ -21,19 +21,17 @@ records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as 
 except one row of x (decode) with an fp16/bf16 weight on CUDA: opforge's dense GEMV
 (``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``).
 
-Launch choices (tiles, K splits, variant thresholds) are by default the third H100 sweep's,
-measured end to end at 629522a (``benchmarks/tools/gpu_check_quant.py --tuned``): the in-kernel split
+Launch choices (tiles, K splits, variant thresholds) are the third H100 sweep's, measured end
+to end at 629522a (``benchmarks/tools/gpu_check_quant.py --tuned``): the in-kernel split
 reduction for the int4 GEMV kernel (M <= 4), wide-K GEMV tiles for one row (the sweep at b634a74,
-``triton_kernels.WIDE_K``), int4 tiles of 128 features for M 5..16 and BLOCK_K
+``config.wide_k_config``), int4 tiles of 128 features for M 5..16 and BLOCK_K
 128 for M 33..64, and the ``dequant_gemm`` variant from M >= 256 rows. With the swapped dot
-tiles (at f515a1a, ``triton_kernels.DOT_SWAP``), the sweep at fed7445 (H100, bf16 x, int4 g128) adds
+tiles (at f515a1a, ``config.SWAP_MAX_M``), the sweep at fed7445 (H100, bf16 x, int4 g128) adds
 for int4 at M 17..64: ``dequant_gemm`` on weights of N*K <= 8*2**20 (M=64 2048x2048 21.5 ->
 10.0 us, 3072x2048 21.5 -> 11.6; ``problem.DEQUANT_SMALL_NK``), and at M 33..64 on N*K >=
 48*2**20 the dot kernel not swapped, JOIN, (64, 128, 128) tiles (M=64 28672x4096 102.4 -> 94.7,
-128256x2048 188.1 -> 160.8; ``triton_kernels.UNSWAPPED_JOIN_MIN_NK``). ``OPFORGE_QUANT_TUNED=0``
-in the environment (read once, when this family is imported; ``opforge.ops.quant.problem.TUNED``)
-restores the earlier choices (combine kernel, 64-feature tiles, ``dequant_gemm`` from 1024 rows).
-Results are the same up to float32 summation order either way.
+128256x2048 188.1 -> 160.8; ``config.UNSWAPPED_JOIN_MIN_NK``). The tile heuristics
+and their measurements are in ``opforge.ops.quant.config`` (``problem`` holds the variant thresholds).
 """
 from __future__ import annotations
 
@@ -95,9 +93,8 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
 
     Returns:
         (..., N) in x's dtype; accumulation in float32. Triton variants: ``decode`` (M <= 16 rows),
-        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 1024, or with ``OPFORGE_QUANT_TUNED=1``
-        M >= 256 and int4 M 17..64 with N*K <= 8*2**20: the weight dequantized to x's dtype, then
-        cuBLAS), see ``opforge.ops.quant.triton_kernels``.
+        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 256, and int4 M 17..64 with
+        N*K <= 8*2**20: the weight dequantized to x's dtype, then cuBLAS), see ``opforge.ops.quant.triton_kernels``.
         Metal variants (MPS tensors, also float32 x): ``qmv`` (M <= 16) and ``qmm``, see
         ``opforge.ops.quant.metal``.
 

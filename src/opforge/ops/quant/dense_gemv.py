@@ -22,7 +22,8 @@ import triton.language as tl
 
 from ...runtime import alloc, pdl
 from ...runtime.launch import TritonLauncher, cdiv
-from .triton_kernels import _counters, _split, _store
+from .config import _split
+from .triton_kernels import _counters, _store
 
 #: (BLOCK_N, BLOCK_K, num_warps, programs per SM) when no config is given.
 DEFAULT_CONFIG = (32, 256, 4, 4)
