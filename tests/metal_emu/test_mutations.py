@@ -15,7 +15,7 @@ import torch
 
 from opforge.ops.norm import metal as norm_metal
 
-from metal_checks import run
+from metal_emu.checks import run
 
 pytestmark = pytest.mark.usefixtures("emulate")
 
@@ -116,12 +116,12 @@ def test_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------
 # attention.metal: a wrong causal-mask offset or a missed online-softmax rescale must fail the
-# float64 checks of tests/metal/test_attention_metal.py (the unmutated file passes them there
+# float64 checks of tests/ops/attention/test_attention_metal.py (the unmutated file passes them there
 # and in test_unmutated_attention_passes below).
 
 from opforge.ops.attention import metal as attn_metal  # noqa: E402
 
-import test_attention_metal as attn_checks  # noqa: E402
+from metal_emu import attention_checks as attn_checks  # noqa: E402
 
 ATTENTION_MUTANTS = [
     ("prefill-mask-aligned-to-start", "attention_prefill", "const long shift = p.sk - p.sq;",
@@ -183,7 +183,7 @@ def test_attention_mutant_fails_the_checks(mutant, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------
 # quant.metal: a wrong group index, a dropped zero, a missing barrier or a 31-lane reduction must
-# fail the float64 checks of tests/metal/test_quant_metal.py (the unmutated file passes them
+# fail the float64 checks of tests/ops/quant/test_quant_metal.py (the unmutated file passes them
 # there and in test_unmutated_quant_passes below).
 
 from opforge.ops.quant import metal as quant_metal  # noqa: E402

@@ -9,7 +9,7 @@ import opforge
 from opforge.testing import rel_error
 
 from test_model_metal import PROMPTS, PREFILL_OPS, STEP_OPS, model
-from mps_support import needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
+from metal_emu.mps import needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
 
 pytestmark = needs_mps
 

@@ -9,7 +9,7 @@ import torch
 from opforge.runtime import lru, registry
 from opforge.testing import ON_GPU, TOLERANCE, rel_error
 
-import hardening_workload as workload
+import soak_workload as workload
 
 
 

@@ -7,7 +7,7 @@ from opforge.ops.attention import metal as attn_metal
 from opforge.runtime import metal as metal_runtime
 
 from test_attention_metal import TOL, reference, rel_err
-from mps_support import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
+from metal_emu.mps import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
 
 pytestmark = needs_mps
 

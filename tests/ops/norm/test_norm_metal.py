@@ -17,7 +17,7 @@ from opforge.ops.norm import reference
 from opforge.ops.norm.problem import OPS
 from opforge.testing import max_rel_error, shapes_and_layouts
 
-from metal_checks import DTYPES, ROWS, SIZES, VARIANTS, expected_variant, run
+from metal_emu.checks import DTYPES, ROWS, SIZES, VARIANTS, expected_variant, run
 
 pytestmark = pytest.mark.usefixtures("emulate")
 

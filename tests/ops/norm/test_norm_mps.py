@@ -10,8 +10,8 @@ from opforge.runtime import metal as metal_runtime
 from opforge.ops.norm import metal as norm_metal
 from opforge.ops.norm.problem import OPS
 
-from metal_checks import DTYPES, ROWS, SIZES, VARIANTS, expected_variant, run
-from mps_support import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
+from metal_emu.checks import DTYPES, ROWS, SIZES, VARIANTS, expected_variant, run
+from metal_emu.mps import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
 
 pytestmark = needs_mps
 

@@ -9,7 +9,7 @@ from opforge.runtime import metal as metal_runtime
 from opforge.testing import TOLERANCE, max_rel_error
 
 from test_quant_metal import oracle, weight
-from mps_support import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
+from metal_emu.mps import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)
 
 pytestmark = needs_mps
 
