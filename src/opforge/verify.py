@@ -41,7 +41,7 @@ def print_info() -> int:
     info = device_info()
     print(f"device:   {info}")
     print(f"config:   {device_config_line()}")
-    for name in ("triton", "metal", "torch"):
+    for name in backends.BACKEND_NAMES:
         reason = backends.unavailable_reason(name, dtype)
         print(f"{name:8s}  {'available' if reason is None else 'unavailable: ' + reason}")
     print(f"launch:   {launch_settings_line()}")
@@ -149,7 +149,7 @@ def _run_verify(ops: Optional[Sequence[str]], quick: bool) -> int:
         return subprocess.call(argv, env=env)
     device_type = _device_type()
     device = "cuda" if device_type == "cuda" else device_type
-    names = [b for b in ("triton", "metal", "torch") if backends.unavailable_reason(b, device_type) is None]
+    names = [b for b in backends.BACKEND_NAMES if backends.unavailable_reason(b, device_type) is None]
     rows, failures = [], 0
     start = time.perf_counter()
     torch.manual_seed(0)

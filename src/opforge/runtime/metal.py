@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .backends import metal_emulating
+from .switches import metal_emulating
 from .lru import LRU
 
 CompileFn = Callable[[str, str], Any]

@@ -32,9 +32,7 @@ def _problem_builder(op: str):
 
 
 def _register() -> None:
-    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),
-                ("metal", dispatch.optional_variants(__name__, "metal"))]
-    dispatch.register_family(OPS, backends, _torch_launch, "torch gather with masks", _problem_builder)
+    dispatch.register_family(OPS, dispatch.kernel_tables(__name__), _torch_launch, "torch gather with masks", _problem_builder)
 
 
 def _run(op: str, call: DelayCall) -> torch.Tensor:

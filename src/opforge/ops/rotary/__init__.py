@@ -54,9 +54,7 @@ def _problem_builder(op: str):
 
 
 def _register() -> None:
-    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),
-                ("metal", dispatch.optional_variants(__name__, "metal"))]
-    dispatch.register_family(OPS, backends, _torch_launch,
+    dispatch.register_family(OPS, dispatch.kernel_tables(__name__), _torch_launch,
                              "torch composite ops, float32 compute (float64 for float64 inputs)", _problem_builder)
 
 
