@@ -91,6 +91,7 @@ def revert_delay(codes: torch.Tensor, delays: Delays, *, pad_id: int,
     return _run("revert_delay", prepare("revert_delay", codes, delays, None, pad_id, out))
 
 
+fakes.bind(apply_delay=apply_delay, revert_delay=revert_delay)
 _register()
 
 __all__ = ["apply_delay", "revert_delay"]

@@ -123,6 +123,7 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
     return dispatch.run("linear", call, x)
 
 
+fakes.bind(linear=linear)
 _register()
 
 __all__ = ["QuantizedWeight", "quantize_weight", "linear"]

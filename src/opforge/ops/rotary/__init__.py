@@ -226,6 +226,7 @@ def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
     return out
 
 
+fakes.bind(rotary_embedding=rotary_embedding, rotary_kv_cache_append=rotary_kv_cache_append)
 _register()
 
 __all__ = ["rotary_embedding", "kv_cache_append", "rotary_kv_cache_append"]
