@@ -96,3 +96,19 @@ def test_decode_gemv_suite_runs_its_three_weights_against_cublas_peers(tmp_path)
     for case in cases:
         for impl in ("opforge", "torch"):
             assert case["results"][impl]["status"] == "ok" and case["results"][impl]["gpu_us"] > 0, case
+
+
+def test_fusion_suite_runs_the_fused_chain_against_eager(tmp_path):
+    """The fusion suite on CPU (one small shape): the fused chain and torch eager, each checked
+    against float64 and timed."""
+    from opforge.bench.catalog import get_suite
+    assert [e.op for e in get_suite("fusion").entries] == ["bias_gelu_residual"]
+    j = tmp_path / "f.json"
+    argv = ["--device", "cpu", "--suite", "fusion", "--shapes", "8x64", "--dtypes", "fp32", "--impls",
+            "opforge,torch", "--reps", "2", "--progress", "none", "--json", str(j)]
+    assert main(argv) == 0
+    case = json.loads(j.read_text())["suites"][0]["cases"][0]
+    assert case["op"] == "bias_gelu_residual" and case["bytes"] == (3 * 8 * 64 + 64) * 4
+    for impl in ("opforge", "torch"):
+        assert case["results"][impl]["status"] == "ok" and case["results"][impl]["gpu_us"] > 0, case
+        assert case["results"][impl]["rel_err"] < 1e-5
