@@ -112,3 +112,17 @@ def test_fusion_suite_runs_the_fused_chain_against_eager(tmp_path):
     for impl in ("opforge", "torch"):
         assert case["results"][impl]["status"] == "ok" and case["results"][impl]["gpu_us"] > 0, case
         assert case["results"][impl]["rel_err"] < 1e-5
+
+
+def test_rope_suite_runs_rotary_against_the_torch_composite(tmp_path):
+    """The rope suite on CPU (one small shape): opforge and the torch composite, each checked
+    against float64 and timed."""
+    j = tmp_path / "r.json"
+    argv = ["--device", "cpu", "--suite", "rope", "--shapes", "1x4x2x8x16", "--dtypes", "fp32", "--impls",
+            "opforge,torch", "--reps", "2", "--progress", "none", "--json", str(j)]
+    assert main(argv) == 0
+    case = json.loads(j.read_text())["suites"][0]["cases"][0]
+    assert case["op"] == "rotary_embedding" and case["bytes"] == 2 * 1 * 6 * 8 * 16 * 4 + 2 * 8 * 8 * 4 + 8 * 8
+    for impl in ("opforge", "torch"):
+        assert case["results"][impl]["status"] == "ok" and case["results"][impl]["gpu_us"] > 0, case
+        assert case["results"][impl]["rel_err"] < 1e-5
