@@ -30,8 +30,8 @@ GEMV_MAX_M = 16
 GEMV_ROWS = 4
 #: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
 #: instead of a second combine kernel, per kernel. H100 sweep (third sweep, int4 g128; single
-#: launch configs): on for the int4 GEMV kernel (int8's measured slower end to end) (4096x4096 M=1 18.0 -> 13.1 us, M=4
-#: 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2, M=4 220.1 -> 210.9), bitwise equal to the combine
+#: launch configs): on for the int4 GEMV kernel (int8's measured slower end to end): 4096x4096 M=1
+#: 18.0 -> 13.1 us, M=4 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2, M=4 220.1 -> 210.9; bitwise equal to the combine
 #: kernel; off for the dot kernel (M=8/16: -5% at 4096x4096, +1-2% at 28672x8192). Its tile
 #: counters are per device and stream (``_counters``).
 SPLIT_FIXUP_GEMV = True
@@ -51,12 +51,13 @@ WIDE_K_PROGRAMS_PER_SM = 4
 #: M=16 0.44-0.77x -> 0.74-1.38x, int8 M=16 0.73-1.31x -> 0.88-1.87x; int4 M=32 0.23-0.38x ->
 #: 0.54-1.15x (results/h100/2026-11-23-f515a1a/results.md).
 SWAP_MAX_M = 64
-#: int4 codes unpacked through ``tl.join`` in the swapped dot kernel (``_load_codes``). H100 sweep
-#: (at f515a1a, second sweep): M=16 8B gate_up 73.5 -> 63.0 us, 1B lm_head 139.8 -> 113.9, 1B
-#: gate_up 23.2 -> 20.7; M=64 8B o 26.4 -> 23.1; the 1B model's batch-8 int4 step 1351 -> 1264 us.
-#: int4, M ``UNSWAPPED_JOIN_MIN_M``..``SWAP_MAX_M``, N*K of at least ``UNSWAPPED_JOIN_MIN_NK``
-#: the dot kernel NOT swapped, with JOIN, on (64, 128, 128)
-#: tiles (``_unswapped_join``). H100 sweep (at fed7445, results/h100/2026-11-23-fed7445/run1, M=64, bf16 x,
+#: The swapped dot kernel always unpacks int4 codes through ``tl.join`` (JOIN, ``_load_codes``).
+#: H100 sweep (at f515a1a, second sweep): M=16 8B gate_up 73.5 -> 63.0 us, 1B lm_head 139.8 ->
+#: 113.9, 1B gate_up 23.2 -> 20.7; M=64 8B o 26.4 -> 23.1; the 1B model's batch-8 int4 step
+#: 1351 -> 1264 us.
+#:
+#: int4, M ``UNSWAPPED_JOIN_MIN_M``..``SWAP_MAX_M``, N*K of at least ``UNSWAPPED_JOIN_MIN_NK``:
+#: the dot kernel NOT swapped, with JOIN, on (64, 128, 128) tiles (``_unswapped_join``). H100 sweep (at fed7445, results/h100/2026-11-23-fed7445/run1, M=64, bf16 x,
 #: g128) vs the swapped tiles: 128256x2048 160.8 vs 188.1 us, 28672x4096 94.7 vs 102.4,
 #: 4096x14336 48.1 vs 57.8; smaller weights lose (16384x2048 32.2 vs 28.1, 4096x4096 36.4 vs
 #: 23.3). At M=32 the swapped tiles are best or within noise everywhere.
