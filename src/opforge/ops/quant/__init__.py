@@ -22,7 +22,7 @@ except one row of x (decode) with an fp16/bf16 weight on CUDA: opforge's dense G
 (``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``).
 
 Launch choices (tiles, K splits, variant thresholds) are the third H100 sweep's, measured end
-to end at 629522a (``benchmarks/tools/gpu_check_quant.py --tuned``): the in-kernel split
+to end at 629522a (against the earlier choices, since removed; benchmarks/NOTES.md): the in-kernel split
 reduction for the int4 GEMV kernel (M <= 4), wide-K GEMV tiles for one row (the sweep at b634a74,
 ``config.wide_k_config``), int4 tiles of 128 features for M 5..16 and BLOCK_K
 128 for M 33..64, and the ``dequant_gemm`` variant from M >= 256 rows. With the swapped dot

@@ -32,10 +32,10 @@ split writes float32 partials to a workspace (split, M, N); a tiny second kernel
 them in split order, adds the bias and casts (deterministic either way, and bitwise the same; no
 atomics on the data).
 
-Launch choices (``opforge.ops.quant.config``): the third H100 sweep's: the in-kernel split reduction for the int4 GEMV kernel, int4 tiles
-(16, 128, 128) for M 5..16 and (64, 64, 128) for M 33..64, and dequant+cuBLAS from M = 256.
+Launch choices (``opforge.ops.quant.config``) are the third H100 sweep's: the in-kernel split
+reduction for the int4 GEMV kernel, int4 tiles (16, 128, 128) for M 5..16 and (64, 64, 128) for M 33..64, and dequant+cuBLAS from M = 256.
 Each won in a sweep of single launch configs and, measured end to end at 629522a
-(``benchmarks/tools/gpu_check_quant.py --tuned``), was as fast or faster on the GPU-bound shapes; the
+(against the earlier choices, since removed; benchmarks/NOTES.md), was as fast or faster on the GPU-bound shapes; the
 int8 GEMV kernel's in-kernel reduction measured slower there (0.53-0.99x) and stays off. Later
 sweeps (CUDA graphs, L2-cold weights) added wide-K GEMV tiles for one row (at b634a74), the
 swapped dot tiles up to 64 rows (at f515a1a, ``config.SWAP_MAX_M``; they replace the M 5..64 tiles above)
