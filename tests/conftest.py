@@ -26,7 +26,8 @@ from opforge.runtime import alloc  # noqa: E402
 from opforge.runtime import trace as _trace  # noqa: E402
 
 from opforge.testing import DEVICE  # noqa: E402
-from opforge.runtime import metal as metal_runtime, registry  # noqa: E402
+from opforge.runtime import registry  # noqa: E402
+from opforge.runtime.metal import library as metal_runtime  # noqa: E402
 
 import metal_emu  # noqa: E402  (tests/ is on the path: this conftest's folder)
 

@@ -70,7 +70,7 @@ import opforge  # noqa: E402
 from opforge.fusion import config as fconfig  # noqa: E402
 from opforge.fusion import (abs as fabs, clear_caches, erf, exp, fuse, log, maximum, minimum,  # noqa: E402
                             rsqrt, sigmoid, sqrt, tanh, where)
-from opforge.runtime import launch as launch_module  # noqa: E402
+from opforge.runtime.triton import launch as launch_module  # noqa: E402
 
 DEVICE = "cpu" if DRY_RUN else "cuda"
 ROWS, COLS = (64, 256) if DRY_RUN else (16384, 4096)

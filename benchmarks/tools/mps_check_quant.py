@@ -63,7 +63,7 @@ def main() -> int:
     if args.cpu_smoke:
         sys.path.insert(0, str(ROOT / "tests"))
         import metal_emu
-        from opforge.runtime import metal as metal_runtime
+        from opforge.runtime.metal import library as metal_runtime
         metal_runtime.set_emulator(metal_emu.compile_shader)
         os.environ["OPFORGE_METAL_EMULATE"] = "1"
         device, shapes, ms = "cpu", [(64, 512)], (1, 4, 33)

@@ -83,7 +83,7 @@ def launch_settings_line() -> str:
     """
     from .runtime import plans
     try:
-        from .runtime import pdl
+        from .runtime.triton import pdl
         dependent: Optional[bool] = pdl.ENABLED and pdl.HAVE_GDC
     except ImportError:       # no triton here: no kernel launches with it
         dependent = None
@@ -125,7 +125,7 @@ def run_verify(ops: Optional[Sequence[str]] = None, quick: bool = False) -> int:
         return 2
     emulate_metal = _device_type() == "cpu" and not backends.metal_emulating()
     if emulate_metal:
-        from .runtime.metal import emulator_unavailable_reason
+        from .runtime.metal.library import emulator_unavailable_reason
         emulate_metal = emulator_unavailable_reason() is None
     if emulate_metal:
         print("no Apple GPU here: Metal kernels run in the MSL emulator (tests/metal_emu); "

@@ -9,7 +9,7 @@ def test_info(capsys):
 
 
 def test_info_names_the_launch_settings_and_switches(capsys, monkeypatch):
-    from opforge.runtime import pdl
+    from opforge.runtime.triton import pdl
     monkeypatch.setattr(pdl, "ENABLED", False)
     monkeypatch.setenv("OPFORGE_STRICT", "0")
     monkeypatch.delenv("OPFORGE_CHECK_SEQLENS", raising=False)

@@ -1,4 +1,4 @@
-"""opforge.runtime.metal: compiling once per process, and finding the emulator."""
+"""opforge.runtime.metal.library: compiling once per process, and finding the emulator."""
 from pathlib import Path
 
 import pytest
@@ -10,7 +10,7 @@ from opforge.ops.norm import cases as norm_cases
 from opforge.ops.norm import metal as norm_metal
 from opforge.ops.softmax import cases as softmax_cases
 from opforge.ops.softmax import metal as softmax_metal
-from opforge.runtime import metal as metal_runtime
+from opforge.runtime.metal import library as metal_runtime
 from opforge.testing import TOLERANCE, max_rel_error
 
 

@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..runtime import metal as metal_runtime
+from ..runtime.metal import library as metal_runtime
 from . import cache
 from .dtypes import compute_dtype
 from .graph import Graph, Node

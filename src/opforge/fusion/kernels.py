@@ -31,7 +31,7 @@ from .layout import HOST, STRIDED, Layout, ceil_div
 
 
 def _number_spec(v: Any) -> Any:
-    """What Triton's generic launch key records for a Python number (see runtime.launch)."""
+    """What Triton's generic launch key records for a Python number (see runtime.triton.launch)."""
     if type(v) is int:
         return (v == 1, v & 15 == 0, -2**31 <= v < 2**31)
     return v if type(v) is bool else type(v)
@@ -122,7 +122,7 @@ class TritonKernel:
     backend = "triton"
 
     def __init__(self, graph: Graph, nodes: list[Node], layout: Layout, name: str, title: str = ""):
-        from ..runtime.launch import TritonLauncher
+        from ..runtime.triton.launch import TritonLauncher
         from . import codegen_triton
 
         kname = f"{safe_name(name)}_kernel"

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import metal
+from .metal import library as metal
 from .switches import metal_emulating, triton_interpreting  # noqa: F401  (re-exported: the kernels' import)
 
 

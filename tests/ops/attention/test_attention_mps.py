@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from opforge.ops.attention import metal as attn_metal
-from opforge.runtime import metal as metal_runtime
+from opforge.runtime.metal import library as metal_runtime
 
 from test_attention_metal import TOL, reference, rel_err
 from metal_emu.mps import MPS, needs_mps, real_metal  # noqa: F401 (real_metal: an autouse fixture)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.runtime import metal as metal_runtime
+from opforge.runtime.metal import library as metal_runtime
 from opforge.ops.norm import metal as norm_metal
 from opforge.ops.norm.problem import OPS
 

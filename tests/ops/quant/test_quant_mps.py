@@ -5,7 +5,7 @@ import torch
 
 import opforge
 from opforge.ops.quant import metal as quant_metal
-from opforge.runtime import metal as metal_runtime
+from opforge.runtime.metal import library as metal_runtime
 from opforge.testing import TOLERANCE, max_rel_error
 
 from test_quant_metal import oracle, weight

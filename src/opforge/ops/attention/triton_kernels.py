@@ -31,10 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
+from ...runtime import alloc
+from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
+from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
 
 LOG2E = 1.4426950408889634

@@ -22,9 +22,10 @@ from typing import Optional
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
+from ...runtime import alloc
+from ...runtime.triton import pdl
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, next_power_of_2
+from ...runtime.triton.launch import I32_MAX, TritonLauncher, cdiv, next_power_of_2
 from .problem import PLANS, NormCall, NormProblem
 
 MULTIROW_MAX_N = 1024

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from ...runtime.backends import triton_interpreting
-from ...runtime.launch import cdiv
+from ...runtime.triton.launch import cdiv
 from .problem import LinearProblem
 
 PROGRAMS_PER_SM = 4           # split K until about this many programs per SM are in flight

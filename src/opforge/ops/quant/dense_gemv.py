@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
-from ...runtime.launch import TritonLauncher, cdiv
+from ...runtime import alloc
+from ...runtime.triton import pdl
+from ...runtime.triton.launch import TritonLauncher, cdiv
 from .config import _split
 from .triton_kernels import _counters, _store
 

@@ -58,9 +58,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
+from ...runtime import alloc
+from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
-from ...runtime.launch import TritonLauncher, cdiv
+from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import problem as qproblem
 from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config

@@ -31,8 +31,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .switches import metal_emulating
-from .lru import LRU
+from ..lru import LRU
+from ..switches import metal_emulating
 
 CompileFn = Callable[[str, str], Any]
 
@@ -54,8 +54,8 @@ def _checkout_emulator_dir() -> Optional[Path]:
     env = os.environ.get("OPFORGE_METAL_EMULATOR")
     if env:
         return Path(env)
-    # src/opforge/runtime/metal.py -> the repository root is three folders above "opforge"
-    candidate = Path(__file__).resolve().parents[3] / "tests" / "metal_emu"
+    # src/opforge/runtime/metal/library.py -> the repository root is four folders above "metal"
+    candidate = Path(__file__).resolve().parents[4] / "tests" / "metal_emu"
     return candidate if (candidate / "__init__.py").is_file() else None
 
 

@@ -17,8 +17,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .backends import triton_interpreting
-from .lru import LRU
+from ..lru import LRU
+from ..switches import triton_interpreting
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 # OPFORGE_CHECK_LAUNCH_KEYS=1 (set by the GPU test run) checks every caller-supplied key against
@@ -106,7 +106,7 @@ class TritonLauncher:
         self.interpreted = params is None or triton_interpreting()
         self._constexpr = tuple(bool(p.is_constexpr) for p in params) if params is not None else ()
         # a constexpr named PDL that is True: compile and launch with programmatic dependent launch
-        # (runtime/pdl.py); the compiled binary then carries the launch attribute itself
+        # (runtime/triton/pdl.py); the compiled binary then carries the launch attribute itself
         names = [getattr(p, "name", None) for p in params] if params is not None else []
         self._pdl_at = names.index("PDL") if "PDL" in names else None
         # do_not_specialize integers: Triton keeps only their type (int32 or int64), not ==1 or %16

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backends import triton_interpreting
+from ..switches import triton_interpreting
 
 #: Whether kernels that support PDL use it (``OPFORGE_PDL=0`` turns it off; read at import, fixed
 #: for the process: launch keys and launch plans assume it does not change).
