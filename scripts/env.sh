@@ -13,7 +13,7 @@ fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "installing opforge and its pinned dependencies into $VENV (first run: about a minute)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt" \
-    -e "$ROOT[test,bench]"
+    -e "$ROOT[test,bench,models]"
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

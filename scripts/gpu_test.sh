@@ -3,10 +3,10 @@
 # machine with a CUDA GPU, in two passes (each with its own logs):
 #   1. every GPU-relevant test, launch plans off, every fast launch's specialization key checked
 #      (OPFORGE_CHECK_LAUNCH_KEYS=1)
-#   2. the tests that launch kernels (tests/ops, tests/runtime, tests/hardening, tests/models) as
+#   2. the tests that launch kernels (tests/ops, tests/runtime, tests/models) as
 #      users get them: the default launch paths (plans on unless OPFORGE_PLANS=0), no key check
 # and, beside pass 1, `opforge verify --quick` (every op, every backend here, vs float64).
-# Left out: emulator-only tests (marker `emulator`: tests/metal, tests/fusion/test_metal_emulated.py;
+# Left out: emulator-only tests (marker `emulator`: test_*_metal.py, tests/metal_emu, tests/fusion/test_metal_emulated.py;
 # the MSL emulator on the CPU, which a GPU does not change) and CPU-only tests (marker `cpu_only`:
 # torch.compile over the torch path on CPU tensors); CI runs both.
 #
@@ -29,7 +29,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c "import torch, triton, sys; assert torch.cuda.is_available(), 'no CUDA GPU here';
 print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" || exit 2
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --durations=0 --durations-min=0.5 -m "not emulator and not cpu_only")
-ALONE=(tests/hardening/test_out_of_memory.py)  # fills the GPU: nothing else may run beside it
+ALONE=(tests/runtime/test_out_of_memory.py)  # fills the GPU: nothing else may run beside it
 
 # shard_files DIR... : print SHARDS lines, each a space-separated list of test files (heaviest first
 # by scripts/gpu_test_seconds.txt, else by size, each to the lightest shard), leaving out the
@@ -41,9 +41,10 @@ shards, alone, roots = int(sys.argv[1]), set(sys.argv[2].split()), sys.argv[3:]
 files = []
 for root in roots:
     for d, _, names in os.walk(root):
-        if d.startswith("tests/metal"):
+        if d.startswith("tests/metal_emu"):
             continue
-        files += [os.path.join(d, n) for n in names if n.startswith("test_") and n.endswith(".py")]
+        files += [os.path.join(d, n) for n in names if n.startswith("test_") and n.endswith(".py")
+                  and not n.endswith("_metal.py")]
 seconds = {}
 with open("scripts/gpu_test_seconds.txt") as table:
     for line in table:
@@ -95,7 +96,7 @@ verify_pid=$! verify_rc=
 echo "pass 1 (plans off, launch keys checked):"
 OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 230 60 tests || status=1
 echo "pass 2 (default launch paths):"
-run_pass default 150 60 tests/ops tests/runtime tests/hardening tests/models || status=1
+run_pass default 150 60 tests/ops tests/runtime tests/models || status=1
 [ "$verify_rc" != 0 ] && status=1
 echo "opforge verify --quick: exit $verify_rc  $(tail -n 1 "$LOGS/verify.log")"
 grep -h "^FAILED\|^ERROR" "$LOGS"/*.log | sort -u | head -60

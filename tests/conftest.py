@@ -26,6 +26,14 @@ from opforge.runtime import alloc  # noqa: E402
 from opforge.runtime import trace as _trace  # noqa: E402
 
 from opforge.testing import DEVICE  # noqa: E402
+from opforge.runtime import registry  # noqa: E402
+from opforge.runtime.metal import library as metal_runtime  # noqa: E402
+
+import metal_emu  # noqa: E402  (tests/ is on the path: this conftest's folder)
+
+# The MSL emulator is opforge's Metal executor in the tests; it runs only where a test asks for
+# it (the ``emulate`` fixture sets OPFORGE_METAL_EMULATE=1 for that test alone).
+metal_runtime.set_emulator(metal_emu.compile_shader)
 
 settings.register_profile("opforge", deadline=None, max_examples=20, derandomize=False)
 settings.load_profile("opforge")
@@ -46,8 +54,13 @@ def pytest_configure(config):
                                        "scripts/gpu_test.sh leaves these out (-m 'not cpu_only')")
 
 
-#: Test files that exercise the MSL emulator only (tests/metal, except the real-MPS tests *_mps.py).
-_EMULATOR_ONLY = ("tests/metal/", "tests/fusion/test_metal_emulated.py")
+def emulator_only(path: str) -> bool:
+    """Whether a test file exercises the MSL emulator only: a family's ``test_*_metal.py``, the
+    emulator's own tests (tests/metal_emu) and the fused kernels' emulated run. The real-MPS
+    tests (``*_mps.py``) are not."""
+    name = path.rsplit("/", 1)[-1]
+    return name.endswith("_metal.py") or path.startswith("tests/metal_emu/") \
+        or path == "tests/fusion/test_metal_emulated.py"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         path = item.nodeid.split("::")[0]
-        if path.startswith(_EMULATOR_ONLY) and not path.endswith("_mps.py"):
+        if emulator_only(path):
             item.add_marker(pytest.mark.emulator)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
@@ -79,6 +92,17 @@ def _poison_outputs():
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture
+def emulate(monkeypatch):
+    """Run Metal kernels on CPU tensors through the emulator for this test (skipped without g++)."""
+    if not metal_emu.available():
+        pytest.skip("the Metal emulator needs g++ (C++20)")
+    monkeypatch.setenv("OPFORGE_METAL_EMULATE", "1")
+    registry.clear_cache()
+    yield metal_emu
+    registry.clear_cache()
 
 
 @pytest.fixture

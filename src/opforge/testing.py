@@ -170,7 +170,7 @@ def check_case(case: Case, backend: str, tol_scale: float = 1.0, device: Any = D
 
 
 def spy_launch_keys(launcher: Any, name: str, seen: dict) -> None:
-    """Make a ``runtime.launch.TritonLauncher`` check instead of launch: every call must pass an
+    """Make a ``runtime.triton.launch.TritonLauncher`` check instead of launch: every call must pass an
     explicit key, and each key must stand for one specialization (the generic key Triton's
     arguments give), recorded in ``seen``. Nothing is compiled or run, so no GPU is needed.
 

@@ -43,42 +43,57 @@ def print_info() -> int:
     info = device_info()
     print(f"device:   {info}")
     print(f"config:   {device_config_line()}")
-    for name in ("triton", "metal", "torch"):
+    for name in backends.BACKEND_NAMES:
         reason = backends.unavailable_reason(name, dtype)
         print(f"{name:8s}  {'available' if reason is None else 'unavailable: ' + reason}")
     print(f"launch:   {launch_settings_line()}")
+    print(f"switches: {switches_line()}")
     print(f"torch {torch.__version__}" + (f", triton {_triton_version()}" if _triton_version() else ""))
     return 0
 
 
+#: The environment switches a user may set (name, what it does); ``opforge info`` prints each
+#: with its value in this process.
+SWITCHES = (
+    ("OPFORGE_STRICT", "1: a fallback to the torch path raises NoKernelError"),
+    ("OPFORGE_PLANS", "0: no launch plans (every call validates and selects)"),
+    ("OPFORGE_PDL", "0: no programmatic dependent launch on sm_90+"),
+    ("OPFORGE_METAL_EMULATE", "1: Metal kernels on CPU tensors through the MSL emulator (when forced)"),
+    ("OPFORGE_METAL_EMULATOR", "path of the emulator's metal_emu folder"),
+    ("OPFORGE_CHECK_SEQLENS", "1: range-check cache_seqlens on the GPU too (syncs)"),
+    ("OPFORGE_CHECK_LAUNCH_KEYS", "1: check every fast launch's specialization key (tests)"),
+    ("OPFORGE_CACHE_DIR", "where measured ceilings and fused kernels are cached"),
+)
+
+
+def switches_line() -> str:
+    """The environment switches that remain, each with its value here (``unset`` if not set).
+
+    Example:
+        >>> "OPFORGE_STRICT=" in switches_line()
+        True
+    """
+    return ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name, _ in SWITCHES)
+
+
 def launch_settings_line() -> str:
-    """The settings that decide which kernel runs, each with the environment variable that sets it.
+    """The launch mechanisms in effect, each with the environment variable that sets it.
 
     Example:
         >>> "OPFORGE_PLANS" in launch_settings_line()
         True
     """
-    from .ops.quant import problem as quant_problem
     from .runtime import plans
     try:
-        from .ops.attention import triton_kernels as attention_kernels
-        from .ops.quant import dense_gemv, triton_kernels as quant_kernels
-        wide, dense = quant_kernels.WIDE_K, dense_gemv.DENSE_GEMV
-        swap, join = quant_kernels.DOT_SWAP, quant_kernels.DOT_JOIN
-        by_length = attention_kernels.DECODE_BY_LENGTH
-        from .runtime import pdl
-        dependent = pdl.ENABLED and pdl.HAVE_GDC
-    except ImportError:       # no triton here: none of these kernels exists
-        wide = dense = swap = join = by_length = dependent = None
+        from .runtime.triton import pdl
+        dependent: Optional[bool] = pdl.ENABLED and pdl.HAVE_GDC
+    except ImportError:       # no triton here: no kernel launches with it
+        dependent = None
 
     def state(flag: Optional[bool]) -> str:
         return "n/a" if flag is None else ("on" if flag else "off")
-    return (f"plans {state(plans.enabled())} (OPFORGE_PLANS), quant tuned {state(quant_problem.TUNED)} "
-            f"(OPFORGE_QUANT_TUNED), wide-K GEMV {state(wide)} (OPFORGE_QUANT_WIDE_K), dense GEMV "
-            f"{state(dense)} (OPFORGE_DENSE_GEMV), swapped dot tiles {state(swap)} (OPFORGE_QUANT_SWAP), "
-            f"int4 join unpack {state(join)} (OPFORGE_QUANT_JOIN), decode attention slices by length "
-            f"{state(by_length)} (OPFORGE_DECODE_BY_LENGTH), programmatic dependent launch {state(dependent)} "
-            f"on sm_90+ (OPFORGE_PDL)")
+    return (f"plans {state(plans.enabled())} (OPFORGE_PLANS), programmatic dependent launch "
+            f"{state(dependent)} on sm_90+ (OPFORGE_PDL)")
 
 
 def device_config_line() -> str:
@@ -112,7 +127,7 @@ def run_verify(ops: Optional[Sequence[str]] = None, quick: bool = False) -> int:
         return 2
     emulate_metal = _device_type() == "cpu" and not backends.metal_emulating()
     if emulate_metal:
-        from .runtime.metal import emulator_unavailable_reason
+        from .runtime.metal.library import emulator_unavailable_reason
         emulate_metal = emulator_unavailable_reason() is None
     if emulate_metal:
         print("no Apple GPU here: Metal kernels run in the MSL emulator (tests/metal_emu); "
@@ -136,7 +151,7 @@ def _run_verify(ops: Optional[Sequence[str]], quick: bool) -> int:
         return subprocess.call(argv, env=env)
     device_type = _device_type()
     device = "cuda" if device_type == "cuda" else device_type
-    names = [b for b in ("triton", "metal", "torch") if backends.unavailable_reason(b, device_type) is None]
+    names = [b for b in backends.BACKEND_NAMES if backends.unavailable_reason(b, device_type) is None]
     rows, failures = [], 0
     start = time.perf_counter()
     torch.manual_seed(0)

@@ -25,12 +25,9 @@ def cpu() -> torch.device:
 @pytest.fixture(autouse=True)
 def _restore_registry():
     """Ops and suites a test registers vanish after it."""
-    from opforge.bench import spec
+    from opforge.bench import catalog, spec
 
-    spec.op_names()  # make sure the built-ins are in before the snapshot
-    ops, suites = dict(spec._OPS), dict(spec._SUITES)
+    catalog.op_names()  # every family's ops and suites are in before the snapshot
+    saved = spec.snapshot()
     yield
-    spec._OPS.clear()
-    spec._OPS.update(ops)
-    spec._SUITES.clear()
-    spec._SUITES.update(suites)
+    spec.restore(saved)

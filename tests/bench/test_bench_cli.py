@@ -83,7 +83,7 @@ def test_json_round_trip(tmp_path):
 def test_decode_gemv_suite_runs_its_three_weights_against_cublas_peers(tmp_path):
     """The decode_gemv suite on CPU (one small shape): dense, int4 and int8 weights, opforge and
     torch each checked against float64 and timed."""
-    from opforge.bench.spec import get_suite
+    from opforge.bench.catalog import get_suite
     suite = get_suite("decode_gemv")
     assert [e.op for e in suite.entries] == ["linear_dense", "linear_int4_g128", "linear_int8"]
     assert all(len(e.shapes) == 9 and all(m == 1 for m, _, _ in e.shapes) for e in suite.entries)
@@ -96,3 +96,33 @@ def test_decode_gemv_suite_runs_its_three_weights_against_cublas_peers(tmp_path)
     for case in cases:
         for impl in ("opforge", "torch"):
             assert case["results"][impl]["status"] == "ok" and case["results"][impl]["gpu_us"] > 0, case
+
+
+def test_fusion_suite_runs_the_fused_chain_against_eager(tmp_path):
+    """The fusion suite on CPU (one small shape): the fused chain and torch eager, each checked
+    against float64 and timed."""
+    from opforge.bench.catalog import get_suite
+    assert [e.op for e in get_suite("fusion").entries] == ["bias_gelu_residual"]
+    j = tmp_path / "f.json"
+    argv = ["--device", "cpu", "--suite", "fusion", "--shapes", "8x64", "--dtypes", "fp32", "--impls",
+            "opforge,torch", "--reps", "2", "--progress", "none", "--json", str(j)]
+    assert main(argv) == 0
+    case = json.loads(j.read_text())["suites"][0]["cases"][0]
+    assert case["op"] == "bias_gelu_residual" and case["bytes"] == (3 * 8 * 64 + 64) * 4
+    for impl in ("opforge", "torch"):
+        assert case["results"][impl]["status"] == "ok" and case["results"][impl]["gpu_us"] > 0, case
+        assert case["results"][impl]["rel_err"] < 1e-5
+
+
+def test_rope_suite_runs_rotary_against_the_torch_composite(tmp_path):
+    """The rope suite on CPU (one small shape): opforge and the torch composite, each checked
+    against float64 and timed."""
+    j = tmp_path / "r.json"
+    argv = ["--device", "cpu", "--suite", "rope", "--shapes", "1x4x2x8x16", "--dtypes", "fp32", "--impls",
+            "opforge,torch", "--reps", "2", "--progress", "none", "--json", str(j)]
+    assert main(argv) == 0
+    case = json.loads(j.read_text())["suites"][0]["cases"][0]
+    assert case["op"] == "rotary_embedding" and case["bytes"] == 2 * 1 * 6 * 8 * 16 * 4 + 2 * 8 * 8 * 4 + 8 * 8
+    for impl in ("opforge", "torch"):
+        assert case["results"][impl]["status"] == "ok" and case["results"][impl]["gpu_us"] > 0, case
+        assert case["results"][impl]["rel_err"] < 1e-5

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import opforge
 from opforge.fusion import erf, exp, fuse, log, maximum, minimum, rsqrt, sigmoid, sqrt, tanh, where
-from opforge.runtime import metal as metal_runtime
+from opforge.runtime.metal import library as metal_runtime
 
 from fusion_helpers import check
 

@@ -126,7 +126,7 @@ def test_strided_three_d_and_int64_indexing_compile(ptx_of):
 def test_plan_launch_keys_determine_tritons_generic_key(monkeypatch):
     """Equal plan keys must mean equal generic keys (else a cached binary would be launched with
     arguments it was not specialized for)."""
-    from opforge.runtime.launch import TritonLauncher
+    from opforge.runtime.triton.launch import TritonLauncher
 
     f = fuse(lambda x, b, s, n, flag: where(flag, x + b * s, x - n))
     base = torch.randn(6, 40)

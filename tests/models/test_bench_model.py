@@ -150,7 +150,7 @@ def test_model_suite_refuses_unknown_shapes_peers_and_mixing(capsys):
     assert main(["--suite", "model,seed", "--device", "cpu"]) == 2
 
 
-def test_grid_of_the_1b_shape_is_the_issues():
+def test_grid_of_the_1b_shape_is_the_full_grid():
     g = suite.grid("1b")
     assert g.decode_points() == [(b, c) for b in (1, 8, 32) for c in (512, 4096)]
     assert g.prefills == ((1, 2048), (8, 512)) and g.max_batch == 32 and g.max_seq_len >= 4096 + 32

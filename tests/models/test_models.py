@@ -109,7 +109,7 @@ def test_reading_tokens_back_in_chunks_changes_nothing_but_the_cadence(model, re
 
 def test_chunked_steps_commit_on_mps_and_keep_their_events(monkeypatch):
     """On MPS each step's work is committed by recording an event, which stays referenced until
-    the chunk's read (the real-MPS run is tests/metal/test_model_mps.py); elsewhere no call."""
+    the chunk's read (the real-MPS run is tests/models/test_model_mps.py); elsewhere no call."""
     from opforge.models.generate import _commit
     recorded = []
 

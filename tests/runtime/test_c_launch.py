@@ -1,5 +1,5 @@
-"""runtime.launch.c_launch: the C launch function is called directly only under a known wrapper."""
-from opforge.runtime.launch import c_launch
+"""runtime.triton.launch.c_launch: the C launch function is called directly only under a known wrapper."""
+from opforge.runtime.triton.launch import c_launch
 
 
 class _Known:

@@ -8,24 +8,23 @@ def test_info(capsys):
     assert "torch" in out and "triton" in out
 
 
-def test_info_names_the_launch_settings(capsys, monkeypatch):
-    from opforge.ops.attention import triton_kernels as attention_kernels
-    from opforge.ops.quant import dense_gemv, triton_kernels
-    monkeypatch.setattr(triton_kernels, "WIDE_K", False)
-    monkeypatch.setattr(dense_gemv, "DENSE_GEMV", True)
-    monkeypatch.setattr(triton_kernels, "DOT_SWAP", True)
-    monkeypatch.setattr(triton_kernels, "DOT_JOIN", False)
-    monkeypatch.setattr(attention_kernels, "DECODE_BY_LENGTH", False)
-    from opforge.runtime import pdl
+def test_info_names_the_launch_settings_and_switches(capsys, monkeypatch):
+    from opforge.runtime.triton import pdl
     monkeypatch.setattr(pdl, "ENABLED", False)
+    monkeypatch.setenv("OPFORGE_STRICT", "0")
+    monkeypatch.delenv("OPFORGE_CHECK_SEQLENS", raising=False)
     assert main(["info"]) == 0
-    launch = [line for line in capsys.readouterr().out.splitlines() if line.startswith("launch:")]
+    out = capsys.readouterr().out.splitlines()
+    launch = [line for line in out if line.startswith("launch:")]
     assert len(launch) == 1
-    assert "wide-K GEMV off (OPFORGE_QUANT_WIDE_K)" in launch[0] and "dense GEMV on (OPFORGE_DENSE_GEMV)" in launch[0]
-    assert "swapped dot tiles on (OPFORGE_QUANT_SWAP)" in launch[0]
-    assert "int4 join unpack off (OPFORGE_QUANT_JOIN)" in launch[0]
-    assert "decode attention slices by length off (OPFORGE_DECODE_BY_LENGTH)" in launch[0]
     assert "programmatic dependent launch off on sm_90+ (OPFORGE_PDL)" in launch[0]
+    assert "(OPFORGE_PLANS)" in launch[0]
+    switches = [line for line in out if line.startswith("switches:")]
+    assert len(switches) == 1
+    assert "OPFORGE_STRICT=0" in switches[0] and "OPFORGE_CHECK_SEQLENS=unset" in switches[0]
+    for retired in ("OPFORGE_QUANT_TUNED", "OPFORGE_QUANT_WIDE_K", "OPFORGE_QUANT_SWAP", "OPFORGE_QUANT_JOIN",
+                    "OPFORGE_DENSE_GEMV", "OPFORGE_DECODE_BY_LENGTH", "OPFORGE_CUDA_LAUNCH"):
+        assert retired not in "\n".join(out)
 
 
 def test_verify_quick_passes_and_prints_table(capsys):

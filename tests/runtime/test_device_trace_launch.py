@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import opforge
-from opforge.runtime import device, launch
+from opforge.runtime import device
+from opforge.runtime.triton import launch
 
 
 def test_bandwidth_is_measured_once_then_read_from_disk(tmp_path, monkeypatch):

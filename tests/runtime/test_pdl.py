@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (runtime/pdl.py): off where it cannot work, and on an sm_90+ GPU
+"""Programmatic dependent launch (runtime/triton/pdl.py): off where it cannot work, and on an sm_90+ GPU
 the same results bit for bit with it as without, through eager calls and CUDA graphs."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from opforge.runtime import pdl
-from opforge.runtime.launch import TritonLauncher
+from opforge.runtime.triton import pdl
+from opforge.runtime.triton.launch import TritonLauncher
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CUDA_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
@@ -41,7 +41,7 @@ _STEPS = r"""
 import json, sys, torch
 from opforge.models.testing import tiny_decoder
 from opforge.models.generate import _GraphStep
-from opforge.runtime import pdl
+from opforge.runtime.triton import pdl
 out = {"pdl": pdl.on(torch.device("cuda"))}
 for quant, batch in ((None, 1), ("int4", 1), ("int8", 2)):
     torch.manual_seed(0)

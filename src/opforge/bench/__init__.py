@@ -5,8 +5,9 @@ Run it as ``opforge bench`` (or ``python -m opforge.bench``); from Python::
     from opforge.bench.cli import main
     main(["--suite", "llm", "--json", "llm.json"])
 
-Add an op to the benchmarks with :func:`~opforge.bench.spec.register_op` and put it in
-a suite with ``get_suite("llm").add(SuiteEntry(...))``.
+An op family adds its benchmark ops and suites in ``opforge/ops/<family>/bench.py`` with
+:func:`~opforge.bench.spec.register_op` and :func:`~opforge.bench.spec.register_suite`;
+:mod:`opforge.bench.catalog` lists every op and suite.
 """
 
 from opforge.bench.spec import (
@@ -16,12 +17,8 @@ from opforge.bench.spec import (
     Suite,
     SuiteEntry,
     Target,
-    get_op,
-    get_suite,
-    op_names,
     register_op,
     register_suite,
-    suite_names,
 )
 
 __all__ = [
@@ -31,10 +28,6 @@ __all__ = [
     "Suite",
     "SuiteEntry",
     "Target",
-    "get_op",
-    "get_suite",
-    "op_names",
     "register_op",
     "register_suite",
-    "suite_names",
 ]

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Sequence
 
 from opforge.bench.results import ERROR, WRONG, RunResult
-from opforge.bench.spec import DTYPES, IMPL_ORDER, OPFORGE, get_suite, op_names, parse_shape, suite_names
+from opforge.bench.catalog import get_suite, op_names, suite_names
+from opforge.bench.fmt import split_list
+from opforge.bench.spec import DTYPES, IMPL_ORDER, OPFORGE, parse_shape
 
 EPILOG = """\
 examples:
@@ -33,12 +35,6 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise _UsageError(message)
-
-
-def _split(values: Sequence[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [v.strip() for text in values for v in text.split(",") if v.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,19 +105,19 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from opforge.bench.runner import RunOptions, UsageError, plan
     from opforge.bench.timing import TimingConfig
 
-    suites = list(dict.fromkeys(_split(args.suite) or ["seed"]))
+    suites = list(dict.fromkeys(split_list(args.suite) or ["seed"]))
     if "all" in suites:
         suites = suite_names()
     dtypes = None
     if args.dtypes:
-        unknown = [d for d in _split(args.dtypes) or [] if d not in DTYPES]
+        unknown = [d for d in split_list(args.dtypes) or [] if d not in DTYPES]
         if unknown:
             raise _UsageError(f"unknown dtype(s) {', '.join(unknown)}; known: {', '.join(DTYPES)}")
-        dtypes = [DTYPES[d] for d in _split(args.dtypes) or []]
+        dtypes = [DTYPES[d] for d in split_list(args.dtypes) or []]
     shapes = None
     if args.shapes:
         try:
-            shapes = [parse_shape(s) for s in _split(args.shapes) or []]
+            shapes = [parse_shape(s) for s in split_list(args.shapes) or []]
         except ValueError as exc:
             raise _UsageError(str(exc)) from None
     if args.reps is not None and args.reps < 1:
@@ -133,7 +129,7 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
     timing = TimingConfig.quick() if args.quick else TimingConfig.fixed(args.reps) if args.reps else TimingConfig()
-    opts = RunOptions(device=device, suites=suites, ops=_split(args.ops), impls=_split(args.impls),
+    opts = RunOptions(device=device, suites=suites, ops=split_list(args.ops), impls=split_list(args.impls),
                       dtypes=dtypes, shapes=shapes, timing=timing, max_seconds=args.max_seconds, seed=args.seed)
     try:
         plan(opts)
@@ -177,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             _list()
             return 0
-        if "model" in (_split(args.suite) or []):      # an end-to-end run, not an op table
-            if _split(args.suite) != ["model"]:
+        if "model" in (split_list(args.suite) or []):      # an end-to-end run, not an op table
+            if split_list(args.suite) != ["model"]:
                 raise _UsageError("run --suite model on its own")
             from opforge.bench.suites.model import main as model_main
             return model_main(args)

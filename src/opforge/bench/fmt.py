@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from opforge.bench.results import OK, CaseResult, ImplResult, RunResult, SuiteResult
 from opforge.bench.spec import CPU, IMPL_ORDER, OPFORGE, TORCH, shape_label
 
@@ -119,3 +121,15 @@ __all__ = [
     "METRIC_LABEL", "us", "ratio", "cell", "status_text", "impl_time", "ordered_impls", "best_peer_text",
     "absent_reasons", "header_lines", "shape_label", "OPFORGE", "TORCH", "CPU",
 ]
+
+
+def split_list(values: Sequence[str] | None) -> list[str] | None:
+    """Comma-separated option values, flattened; ``None`` when none were given.
+
+    Example:
+        >>> split_list(["a,b", " c "])
+        ['a', 'b', 'c']
+    """
+    if not values:
+        return None
+    return [v.strip() for text in values for v in text.split(",") if v.strip()]

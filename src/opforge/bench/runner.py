@@ -47,12 +47,9 @@ from opforge.bench.spec import (
     Shape,
     Suite,
     dtype_name,
-    get_op,
-    get_suite,
-    op_names,
     shape_label,
-    suite_names,
 )
+from opforge.bench.catalog import get_op, get_suite, op_names, suite_names
 from opforge.bench.timing import Clock, TimingConfig, clamp_reps, clock_for, copy_bandwidth_gbps, quantiles
 from opforge.bench.verify import as_outputs, compare, tolerance, upcast
 

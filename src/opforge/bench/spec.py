@@ -5,8 +5,10 @@ oracle, how many bytes it must move, and how to build each implementation. A
 :class:`Suite` lists :class:`SuiteEntry` items (an op with its shapes and dtypes),
 the implementations to run, and the targets its results are judged by.
 
-Later issues add their ops with :func:`register_op` and put them into suites with
-:meth:`Suite.add` (or register suites of their own with :func:`register_suite`).
+Each op family's ``bench`` module (``opforge/ops/<family>/bench.py``) adds its ops with
+:func:`register_op` and its suites with :func:`register_suite`, or puts entries into the shared
+suites of :mod:`opforge.bench.standard` with :meth:`Suite.add`. :mod:`opforge.bench.catalog`
+lists those modules and answers lookups once all are loaded.
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ class Suite:
     targets: list[Target] = field(default_factory=list)
 
     def add(self, entry: SuiteEntry) -> None:
-        """Append an entry (a later issue's op) to this suite."""
+        """Append an entry (another family's op) to this suite."""
         self.entries.append(entry)
 
 
@@ -199,30 +201,38 @@ def register_suite(suite: Suite) -> Suite:
     return suite
 
 
-def get_op(name: str) -> OpSpec:
-    """The registered op called ``name``; ``KeyError`` if none."""
-    _ensure_builtin()
+def registered_op(name: str) -> OpSpec:
+    """The op registered as ``name`` so far; ``KeyError`` if none.
+
+    This registry holds what has been registered; :mod:`opforge.bench.catalog` loads every op
+    family's benchmark module first and is what the command line asks.
+    """
     return _OPS[name]
 
 
-def get_suite(name: str) -> Suite:
-    """The registered suite called ``name``; ``KeyError`` if none."""
-    _ensure_builtin()
+def registered_suite(name: str) -> Suite:
+    """The suite registered as ``name`` so far; ``KeyError`` if none (see :func:`registered_op`)."""
     return _SUITES[name]
 
 
-def op_names() -> list[str]:
-    """Names of all registered ops, e.g. ``["layer_norm", "rms_norm", ...]``."""
-    _ensure_builtin()
+def registered_op_names() -> list[str]:
+    """Names of the ops registered so far, in registration order."""
     return list(_OPS)
 
 
-def suite_names() -> list[str]:
-    """Names of all registered suites, e.g. ``["seed", "llm", "latency"]``."""
-    _ensure_builtin()
+def registered_suite_names() -> list[str]:
+    """Names of the suites registered so far, in registration order."""
     return list(_SUITES)
 
 
-def _ensure_builtin() -> None:
-    # Importing the suites package registers the built-in ops and suites.
-    from opforge.bench import suites  # noqa: F401
+def snapshot() -> tuple[dict[str, OpSpec], dict[str, Suite]]:
+    """Copies of both registries, for :func:`restore` (tests register ops and suites of their own)."""
+    return dict(_OPS), dict(_SUITES)
+
+
+def restore(saved: tuple[dict[str, OpSpec], dict[str, Suite]]) -> None:
+    """Put both registries back to a :func:`snapshot`."""
+    _OPS.clear()
+    _OPS.update(saved[0])
+    _SUITES.clear()
+    _SUITES.update(saved[1])

@@ -28,9 +28,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ..runtime.metal import library as metal_runtime
+from . import cache
 from .dtypes import compute_dtype
 from .graph import Graph, Node
 from .layout import COL, FULL, HOST, ROW, SCALAR, STRIDED, Layout
+from .outputs import empty, safe_name
 
 MSL_TYPES = {
     torch.float16: "half", torch.bfloat16: "bfloat", torch.float32: "float", torch.uint8: "uchar",
@@ -239,9 +242,6 @@ class MetalKernel:
     backend = "metal"
 
     def __init__(self, graph: Graph, nodes: list[Node], layout: Layout, name: str, title: str = ""):
-        from . import cache
-        from .kernels import safe_name
-
         self.name = f"{safe_name(name)}_kernel"
         self.source = generate(graph, nodes, layout, self.name, title)
         self.path = cache.write_source(self.source, self.name, suffix=".metal")
@@ -258,8 +258,6 @@ class _MetalPlan:
     fallback_reason: Optional[str] = None
 
     def __init__(self, kernel: MetalKernel, layout: Layout, args: Sequence[Any], single: bool):
-        from ..runtime import metal as metal_runtime
-
         self.device = next(args[p].device for p, c in layout.classes if c != HOST)
         self.fn = metal_runtime.kernel(kernel.path, kernel.name, self.device.type)
         self.single, self.shape, self.dtypes = single, layout.shape, kernel.out_dtypes
@@ -278,7 +276,6 @@ class _MetalPlan:
         self.note = f"{kernel.name} in {kernel.path}"
 
     def run(self, args: Sequence[Any]) -> Any:
-        from .kernels import empty
         ins: list[Any] = [args[p] for p in self.positions]
         for i in self.hosts:
             ins[i] = ins[i].item()

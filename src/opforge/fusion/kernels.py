@@ -20,35 +20,21 @@ Example:
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..runtime import alloc
-from . import cache, codegen_torch, config
+from . import cache, codegen_msl, codegen_torch, config
 from .graph import Graph, Node
+from .outputs import empty, safe_name
 from .layout import HOST, STRIDED, Layout, ceil_div
 
 
-def empty(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An output: NaN-poisoned in tests (``alloc.empty``) when floating, plain otherwise."""
-    if dtype.is_floating_point:
-        return alloc.empty(shape, dtype, device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
 def _number_spec(v: Any) -> Any:
-    """What Triton's generic launch key records for a Python number (see runtime.launch)."""
+    """What Triton's generic launch key records for a Python number (see runtime.triton.launch)."""
     if type(v) is int:
         return (v == 1, v & 15 == 0, -2**31 <= v < 2**31)
     return v if type(v) is bool else type(v)
-
-
-def safe_name(name: str) -> str:
-    """A Python identifier made from a function's name (``<lambda>`` -> ``lambda_``)."""
-    cleaned = re.sub(r"\W", "_", name).strip("_") or "fn"
-    return cleaned if not cleaned[0].isdigit() else f"f_{cleaned}"
 
 
 class Plan:
@@ -136,7 +122,7 @@ class TritonKernel:
     backend = "triton"
 
     def __init__(self, graph: Graph, nodes: list[Node], layout: Layout, name: str, title: str = ""):
-        from ..runtime.launch import TritonLauncher
+        from ..runtime.triton.launch import TritonLauncher
         from . import codegen_triton
 
         kname = f"{safe_name(name)}_kernel"
@@ -220,6 +206,5 @@ def build(backend: str, graph: Graph, nodes: list[Node], layout: Optional[Layout
         assert layout is not None
         return TritonKernel(graph, nodes, layout, name, title)
     if backend == "metal":
-        from . import codegen_msl
         return codegen_msl.build(graph, nodes, layout, name, title)
     raise ValueError(f"unknown backend {backend!r}")

@@ -15,16 +15,33 @@ Example:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NoReturn, Optional
+from typing import Any, NoReturn, Optional, Protocol
 
 import torch
 
 from .dtypes import WRAPPED
 from .errors import in_place_detail
+from .graph import Node
+from .torch_functions import dispatch
 
-if TYPE_CHECKING:
-    from .graph import Node
-    from .tracer import Tracer
+
+class Tracer(Protocol):
+    """What a symbolic tensor asks of the tracer that made it (``opforge.fusion.tracer.Tracer``)."""
+
+    def apply(self, op: str, args: tuple, kwargs: dict) -> Any: ...
+
+    def refuse(self, operation: str, detail: str) -> NoReturn: ...
+
+    def rank_of(self, node: Node) -> int: ...
+
+    def shape_of(self, node: Node) -> torch.Size: ...
+
+    def to(self, sym: Any, args: tuple, kwargs: dict) -> Any: ...
+
+    def concrete(self, sym: Any, what: str) -> Any: ...
+
+    @property
+    def device(self) -> torch.device: ...
 
 
 def _binary(op: str, reflected: bool = False):
@@ -84,7 +101,6 @@ class Symbolic:
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-        from .torch_functions import dispatch
         return dispatch(func, args, kwargs or {})
 
     # --- facts known while tracing (they are part of the cache key) ---

@@ -18,12 +18,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from .errors import in_place_detail
-from .symbolic import Symbolic
 
-
-def _find_symbolic(args: tuple, kwargs: dict) -> Optional[Symbolic]:
+def _find_symbolic(args: tuple, kwargs: dict) -> Optional[Any]:
+    """The first symbolic tensor among the arguments (a ``Symbolic`` says so by its
+    ``_opforge_symbolic_`` class attribute; this module needs no import of it)."""
     for value in list(args) + list(kwargs.values()):
-        if isinstance(value, Symbolic):
+        if getattr(type(value), "_opforge_symbolic_", False):
             return value
         if isinstance(value, (list, tuple)):
             found = _find_symbolic(tuple(value), {})

@@ -104,7 +104,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(-1)`` for (B, V) logits, the same index (the first maximum), in two stages
     for wide rows: the maxima of chunks of the row, then the first chunk holding the largest.
     Why: one row of 128256 logits is a single-output reduction, and torch's ``argmax`` ran it in
-    27.5 us on an H100 (session 7, ``benchmarks/gpu_generate_profile.py``), 2% of a 1B decode step.
+    27.5 us on an H100 (at fed7445, benchmarks/NOTES.md, Models), 2% of a 1B decode step.
 
     Example:
         >>> import torch

@@ -1,10 +1,15 @@
-"""Tiny random checkpoints in the Hugging Face layout, for tests, doctests and smoke runs."""
+"""Tiny random checkpoints in the Hugging Face layout, for tests, doctests and smoke runs.
+
+``python -m opforge.models.testing DIR`` writes the tiny Llama checkpoint into DIR, for a first
+``opforge generate DIR --prompt-ids 1,2,3``.
+"""
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from typing import Any, Callable, Optional
+import sys
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -252,3 +257,30 @@ def smollm2_gguf() -> Optional[str]:
         return None
     path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
     return path if os.path.exists(path) else None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m opforge.models.testing DIR``: write the tiny random Llama checkpoint into DIR.
+
+    Example:
+        >>> import contextlib, io, os, tempfile
+        >>> from opforge.models.testing import main
+        >>> d = os.path.join(tempfile.mkdtemp(), "tiny")
+        >>> with contextlib.redirect_stdout(io.StringIO()):
+        ...     status = main([d])
+        >>> status, sorted(os.listdir(d))
+        (0, ['config.json', 'model.safetensors'])
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m opforge.models.testing DIR   (writes a tiny random Llama checkpoint)",
+              file=sys.stderr)
+        return 2
+    directory = write_checkpoint(args[0], TINY_LLAMA, random_weights(TINY_LLAMA))
+    print(f"wrote a tiny random Llama checkpoint to {directory}; try: "
+          f"opforge generate {directory} --prompt-ids 1,2,3 --max-new-tokens 8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 
 from . import alloc, registry, trace
+from .backends import BACKENDS
 from .registry import Variant
 
 VariantRow = tuple  # (name, supports, launch, summary), as each backend module lists them
@@ -22,6 +23,17 @@ def optional_variants(package: str, module: str) -> Optional[Sequence[VariantRow
         return importlib.import_module(f"{package}.{module}").VARIANTS
     except ImportError:
         return None
+
+
+def kernel_tables(package: str) -> list[tuple[str, Optional[Sequence[VariantRow]]]]:
+    """Each backend's variant table in an op family (``package``), from the module its
+    :class:`~opforge.runtime.backends.Backend` record names; None where it cannot be imported.
+
+    Example:
+        >>> [name for name, rows in kernel_tables("opforge.ops.norm")]
+        ['triton', 'metal']
+    """
+    return [(b.name, optional_variants(package, b.family_module)) for b in BACKENDS if b.family_module]
 
 
 def register_family(ops: Sequence[str], backend_tables: Iterable[tuple[str, Optional[Sequence[VariantRow]]]],

@@ -8,7 +8,7 @@ memory) empties them all.
 
 Sizes (entries): selection choices 4096 (registry), interned problems 4096 per family,
 Triton binaries 256 per kernel (launch), launch plans 1024 per family (runtime.plans), fused
-kernel modules 256 (fusion.cache), Metal libraries 64 (runtime.metal).
+kernel modules 256 (fusion.cache), Metal libraries 64 (runtime.metal.library).
 """
 from __future__ import annotations
 

@@ -15,7 +15,9 @@ import os
 import warnings
 from typing import Iterator, Optional
 
-BACKENDS = ("triton", "metal", "torch")
+from .backends import BACKEND_NAMES
+
+BACKENDS = BACKEND_NAMES
 
 _forced_backend: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("opforge_backend", default=None)
 _strict: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar("opforge_strict", default=None)

@@ -178,13 +178,13 @@ def test_decode_several_splits_and_splits_past_the_length(splits):
 
 @pytest.mark.parametrize("splits", [None, 2, 5])
 def test_decode_slices_by_length(splits):
-    """Slices that divide the tokens in the cache, not its capacity (``by_length``): short, long
-    and empty sequences in one batch, and more slices than a short sequence has key tiles."""
+    """Slices that divide the tokens in the cache, not its capacity: short, long and empty
+    sequences in one batch, and more slices than a short sequence has key tiles."""
     for dtype in (torch.float32, torch.bfloat16):
         case = cases.decode_case(4, 8, 2, 1, 96, 64, dtype, (96, 5, 40, 0))
         (q, kc, vc, lens), _ = case.make(DEVICE)
         with opforge.runtime.alloc.poisoned_outputs():
-            out = tk.launch_decode(prepare_decode(q, kc, vc, lens, None), splits=splits, by_length=True)
+            out = tk.launch_decode(prepare_decode(q, kc, vc, lens, None), splits=splits)
         assert max_rel_error(out, case.oracle((q, kc, vc, lens), {})) <= TOLERANCE[dtype]
 
 
@@ -194,28 +194,11 @@ def test_decode_splits_by_length_fill_the_gpu():
     assert tk.decode_splits_by_length(64, 8, 1, 4096, 132, 64) == 1
 
 
-@pytest.mark.parametrize("by_length", [True, False])
-def test_decode_default_splits_on_a_long_cache(monkeypatch, by_length):
-    """The public path with the split heuristic giving several slices (short minimum slice), with
-    slices by the tokens in the cache (the default) and by its capacity."""
-    monkeypatch.setattr(tk, "MIN_SPLIT_TOKENS", 16)
-    monkeypatch.setattr(tk, "DECODE_BY_LENGTH", by_length)
-    assert tk.decode_splits(1, 1, 1, 100, tk.sm_count(None), 16)[0] > 1
+def test_decode_default_splits_on_a_long_cache():
+    """The public path with the split heuristic giving several slices."""
     assert tk.decode_splits_by_length(1, 1, 1, 100, tk.sm_count(None), 16) > 1
     case = cases.decode_case(1, 4, 1, 1, 100, 64, torch.float16, (73,))
     check_case(case, "triton")
-
-
-def test_decode_splits_fill_the_gpu():
-    sms = 132
-    splits, length = tk.decode_splits(1, 8, 1, 131072, sms, 64)
-    assert splits * 8 >= 2 * sms and splits * length >= 131072 and length % 64 == 0
-    splits, _ = tk.decode_splits(32, 8, 1, 1024, sms, 64)
-    assert splits <= 4
-    assert tk.decode_splits(1, 8, 1, 100, sms, 64) == (1, 128)
-    assert tk.decode_splits(32, 8, 1, 8192, sms, 64) == (1, 8192)     # 256 programs: about one wave already
-    splits, length = tk.decode_splits(8, 1, 1, 32768, sms, 64)
-    assert 16 <= splits <= 64 and length >= 512                           # ~2 programs per SM, long slices
 
 
 def test_tile_configs():

@@ -34,8 +34,7 @@ def test_config_for_keeps_steps_at_16_kb():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="linear sends dense calls to it on CUDA only")
-def test_linear_runs_it_for_one_row_when_on(monkeypatch):
-    monkeypatch.setattr(dg, "DENSE_GEMV", True)
+def test_linear_runs_it_for_one_row():
     x = torch.randn(1, 1, 2048, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(3072, 2048, device="cuda", dtype=torch.bfloat16)
     with opforge.trace() as t:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from opforge.ops.quant import cases, triton_kernels as tk
+from opforge.ops.quant import cases, config as qc, triton_kernels as tk
 from opforge.ops.quant.problem import DECODE_MAX_M
 from opforge.testing import DEVICE, TOLERANCE, rel_error
 
@@ -25,9 +25,9 @@ def run_triton(x, qw, bias=None):
 
 def expected_variant(m, bits, n=N, k=K):
     """The Triton variant for M rows of an (n, k) weight: int4 at M 17..64 on a weight of at most
-    DEQUANT_SMALL_NK elements is dequant+cuBLAS under the tuned, swapped setting (session 7)."""
+    DEQUANT_SMALL_NK elements is dequant+cuBLAS."""
     from opforge.ops.quant import problem
-    small_int4 = problem.TUNED and tk.DOT_SWAP and bits == 4 and n * k <= problem.DEQUANT_SMALL_NK
+    small_int4 = bits == 4 and n * k <= problem.DEQUANT_SMALL_NK
     if m <= DECODE_MAX_M:
         return "decode"
     return "dequant_gemm" if small_int4 and m <= problem.DEQUANT_SMALL_MAX_M else "prefill"
@@ -155,8 +155,8 @@ def test_bad_calls_raise_before_running(call, error, words):
 
 def test_tile_configs_cover_both_paths():
     from opforge.ops.quant.problem import LinearProblem
-    decode = tk.tile_config(LinearProblem(torch.bfloat16, 1, 4096, 4096, 4, 128, False, False, "cuda"))
-    prefill = tk.tile_config(LinearProblem(torch.bfloat16, 4096, 4096, 4096, 4, 128, False, False, "cuda"))
+    decode = qc.tile_config(LinearProblem(torch.bfloat16, 1, 4096, 4096, 4, 128, False, False, "cuda"))
+    prefill = qc.tile_config(LinearProblem(torch.bfloat16, 4096, 4096, 4096, 4, 128, False, False, "cuda"))
     assert decode[3] is False and prefill[3] is True and prefill[0] == 128
 
 
@@ -188,15 +188,14 @@ def test_triton_dequantize_is_exact(bits, group_size, symmetric):
 
 def test_dequant_gemm_variant_for_many_rows(monkeypatch):
     from opforge.ops.quant import problem
-    monkeypatch.setattr(problem, "TUNED", False)
-    monkeypatch.setattr(problem, "DEQUANT_GEMM_MIN_M", 40)
+    monkeypatch.setattr(problem, "DEQUANT_GEMM_MIN_M", 70)   # past the small int4 weights' 17..64 rows
     qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
-    x = torch.randn(45, K, device=DEVICE, dtype=torch.float16)
+    x = torch.randn(75, K, device=DEVICE, dtype=torch.float16)
     bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
     y, event = run_triton(x, qw, bias)
     assert event.variant == "dequant_gemm"
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
-    y, event = run_triton(x[:39], qw, bias)
+    y, event = run_triton(x[:69], qw, bias)
     assert event.variant == "prefill"
 
 
@@ -205,13 +204,13 @@ def test_in_kernel_split_reduction_matches_the_combine_kernel(monkeypatch, m):
     """FIXUP (the last split of a tile adds the partials) gives the combine kernel's bits, and
     leaves the tile counters at zero for the next call."""
     from opforge.ops.quant import problem
-    monkeypatch.setattr(tk, "WIDE_K", False)   # 128-code K tiles: K=2048 splits (wide-K: test_wide_k_gemv_tiles)
     qw = opforge.quantize_weight(torch.randn(40, 2048, device=DEVICE), 4, 128)
     x = torch.randn(m, 2048, device=DEVICE, dtype=torch.float16)
     bias = torch.randn(40, device=DEVICE, dtype=torch.float16)
     call = problem.prepare(x, qw, bias)
-    cfg = tk.tile_config(call.problem)
-    assert tk._split(tk.cdiv(m, cfg[0]) * tk.cdiv(40, cfg[1]), 2048, cfg[2], x.device, tk.PROGRAMS_PER_SM)[0] > 1
+    # one row: the GEMV tile with 128-code K steps, so that K=2048 splits (wide-K: test_wide_k_gemv_tiles)
+    cfg = (1, 128, 128, False, 4, 3) if m == 1 else qc.tile_config(call.problem)
+    assert qc._split(tk.cdiv(m, cfg[0]) * tk.cdiv(40, cfg[1]), 2048, cfg[2], x.device, qc.PROGRAMS_PER_SM)[0] > 1
     with opforge.runtime.alloc.poisoned_outputs():
         a = tk.launch_config(call, cfg, fixup=False)
         b = tk.launch_config(call, cfg, fixup=True)
@@ -240,44 +239,37 @@ def test_gemv_kernel_with_several_rows(bits, group_size, symmetric, m, block_m):
     call = prepare(x, qw, bias)
     y = tk.launch_config(call, (block_m, 32, 128, False, 4, 3), programs_per_sm=8)
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
-    uses_gemv = m <= tk.GEMV_ROWS and (bits == 4 or m <= 2)
-    assert (tk.tile_config(call.problem)[3] is False) == uses_gemv
+    uses_gemv = m <= qc.GEMV_ROWS and (bits == 4 or m <= 2)
+    assert (qc.tile_config(call.problem)[3] is False) == uses_gemv
 
 
-#: (bits, M) -> (BLOCK_N, BLOCK_K, use_dot, fixup) at N=40, K=2048, g128: main's defaults (measured
-#: end to end on the H100; OPFORGE_QUANT_TUNED=0) and the round-3 sweep's (the default since session 4).
-DEFAULT_CHOICES = {(4, 1): (128, 128, False, False), (4, 4): (128, 128, False, False), (8, 2): (64, 128, False, False),
-                   (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
-                   (4, 40): (64, 64, True, False), (8, 40): (64, 64, True, False)}
-TUNED_CHOICES = {(4, 1): (128, 128, False, True), (4, 4): (128, 128, False, True), (8, 2): (64, 128, False, False),
-                 (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
-                 (4, 40): (64, 128, True, False), (8, 40): (64, 128, True, False)}
+#: (bits, M) -> (BLOCK_N, BLOCK_K, use_dot, fixup) at N=40, K=2048, g128: the third sweep's
+#: choices (the default since 629522a). One row takes the wide-K tiles (test_wide_k_gemv_tiles).
+CHOICES = {(4, 4): (128, 128, False, True), (8, 2): (64, 128, False, False),
+           (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
+           (4, 40): (64, 128, True, False), (8, 40): (64, 128, True, False)}
 
 
-@pytest.mark.parametrize("tuned", [False, True], ids=["default", "tuned"])
-@pytest.mark.parametrize("bits,m", list(DEFAULT_CHOICES))
-def test_default_launch_choices_per_row_bucket(monkeypatch, tuned, bits, m):
-    """The launch choices per M bucket under each setting (the default: main's; tuned: the H100
-    sweep's tiles and the in-kernel split reduction for the GEMV kernel) run at a small shape
-    with K split: against the float64 oracle, bitwise equal to the other split reduction, tile
-    counters left at zero."""
+@pytest.mark.parametrize("bits,m", list(CHOICES))
+def test_default_launch_choices_per_row_bucket(bits, m):
+    """The launch choices per M bucket (the H100 sweep's tiles, the in-kernel split reduction for
+    the int4 GEMV kernel, swapped dot tiles) run at a small shape with K split: against the
+    float64 oracle, bitwise equal to the other split reduction, tile counters left at zero."""
     from opforge.ops.quant import problem
-    monkeypatch.setattr(problem, "TUNED", tuned)
-    monkeypatch.setattr(tk, "WIDE_K", False)     # M=1's wide-K tiles have their own test
-    block_n, block_k, use_dot, fixup = (TUNED_CHOICES if tuned else DEFAULT_CHOICES)[bits, m]
+    block_n, block_k, use_dot, fixup = CHOICES[bits, m]
     n, k = 40, 2048
     qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, 128)
     x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
     bias = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
     call = problem.prepare(x, qw, bias)
-    cfg = tk.tile_config(call.problem)
-    assert cfg[1:4] == (block_n, block_k, use_dot) and tk.split_fixup(cfg, bits) is fixup
-    assert tk._split(tk.cdiv(m, cfg[0]) * tk.cdiv(n, cfg[1]), k, cfg[2], x.device, tk.PROGRAMS_PER_SM)[0] > 1
-    swap = use_dot and tk._swapped(call.problem)
-    assert swap == (tuned and use_dot)      # the tuned dot tiles run swapped (weight as the MMA's A)
+    cfg = qc.tile_config(call.problem)
+    assert cfg[1:4] == (block_n, block_k, use_dot) and qc.split_fixup(cfg, bits) is fixup
+    assert qc._split(tk.cdiv(m, cfg[0]) * tk.cdiv(n, cfg[1]), k, cfg[2], x.device, qc.PROGRAMS_PER_SM)[0] > 1
+    swap = use_dot and qc._swapped(call.problem)
+    assert swap == use_dot      # the dot tiles up to 64 rows run swapped (weight as the MMA's A)
     with opforge.runtime.alloc.poisoned_outputs():
         y = tk.launch(call)
-        other = tk.launch_config(call, cfg, fixup=not fixup, join=swap and tk.DOT_JOIN, swap=swap)
+        other = tk.launch_config(call, cfg, fixup=not fixup, join=swap, swap=swap)
     assert torch.equal(y, other)
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
     assert int(tk._counters(x.device, 1).abs().sum()) == 0
@@ -286,8 +278,9 @@ def test_default_launch_choices_per_row_bucket(monkeypatch, tuned, bits, m):
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
 
 
-# main's tile_config at N=K=4096 (g128 and per-row), the defaults every GPU run so far measured
-MAIN_TILES = {
+#: The tile_config of the first H100 measurements at N=K=4096 (g128 and per-row): the reference
+#: the sweeps changed from.
+EARLIER_TILES = {
     (4, 128, 1): (1, 128, 128, False, 4, 3), (4, 128, 3): (4, 128, 128, False, 4, 3),
     (4, 128, 5): (16, 64, 128, True, 4, 3), (4, 128, 16): (16, 64, 128, True, 4, 3),
     (4, 128, 17): (32, 64, 64, True, 4, 3), (4, 128, 33): (64, 64, 64, True, 4, 3),
@@ -298,68 +291,28 @@ MAIN_TILES = {
 }
 
 
-def test_default_choices_are_mains(monkeypatch):
-    """With OPFORGE_QUANT_TUNED=0 every launch choice is main's before session 4: tiles, no
-    in-kernel split reduction, dequant+cuBLAS from 1024 rows; the tuned setting (the default)
-    changes exactly the swept ones."""
+def test_the_sweeps_changed_exactly_the_swept_choices():
+    """Against the earlier tiles: one row takes the wide-K tiles, 3..64 rows (int4 past the GEMV's
+    4) the swapped dot tiles, the in-kernel split reduction only for the int4 GEMV kernel,
+    dequant+cuBLAS from 256 rows; N*K = 16Mi lies between the int4 17..64-row thresholds."""
     from opforge.ops.quant import problem
     from opforge.ops.quant.problem import LinearProblem
 
     def prob(bits, group, m):
         return LinearProblem(torch.bfloat16, m, 4096, 4096, bits, 4096 if group == -1 else group, False, False, "cuda")
 
-    monkeypatch.setattr(problem, "TUNED", False)
-    assert {key: tk.tile_config(prob(*key)) for key in MAIN_TILES} == MAIN_TILES
-    assert not any(tk.split_fixup(cfg) for cfg in MAIN_TILES.values())
-    assert problem.dequant_gemm_min_m() == 1024
-    assert [prob(4, 128, m).large for m in (255, 256, 1023, 1024)] == [False, False, False, True]
-    monkeypatch.setattr(problem, "TUNED", True)
-    wide = {key for key in MAIN_TILES if key[2] == 1}     # session 5: M=1 takes wide-K tiles when tuned
-    assert {key for key in wide if tk.tile_config(prob(*key)) == tk.wide_k_config(prob(*key))} == wide
-    monkeypatch.setattr(tk, "WIDE_K", False)
-    monkeypatch.setattr(tk, "DOT_SWAP", False)
-    changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
-    assert changed == {(4, 128, 5), (4, 128, 16), (4, 128, 33), (4, 128, 64), (4, -1, 16), (4, -1, 64)}
-    monkeypatch.setattr(tk, "DOT_SWAP", True)     # session 6: swapped dot tiles up to 64 rows
-    swapped = {key for key in MAIN_TILES if tk._swapped(prob(*key))}
-    assert swapped == {key for key in MAIN_TILES if 3 <= key[2] <= 64 and not (key[0] == 4 and key[2] <= 4)}
-    changed = {key for key in MAIN_TILES if tk.tile_config(prob(*key)) != MAIN_TILES[key]}
+    wide = {key for key in EARLIER_TILES if key[2] == 1}
+    assert {key for key in wide if qc.tile_config(prob(*key)) == qc.wide_k_config(prob(*key))} == wide
+    swapped = {key for key in EARLIER_TILES if qc._swapped(prob(*key))}
+    assert swapped == {key for key in EARLIER_TILES if 3 <= key[2] <= 64 and not (key[0] == 4 and key[2] <= 4)}
+    changed = {key for key in EARLIER_TILES if key not in wide and qc.tile_config(prob(*key)) != EARLIER_TILES[key]}
     assert changed == {(4, 128, 17), (4, 128, 33), (4, 128, 64), (4, -1, 64), (8, 128, 64)}
-    assert [tk.split_fixup(MAIN_TILES[key], key[0]) for key in ((4, 128, 1), (8, 128, 2), (4, 128, 16))] == \
+    assert [qc.split_fixup(EARLIER_TILES[key], key[0]) for key in ((4, 128, 1), (8, 128, 2), (4, 128, 16))] == \
         [True, False, False]
-    assert problem.dequant_gemm_min_m() == 256
+    assert problem.DEQUANT_GEMM_MIN_M == 256
     assert [prob(4, 128, m).large for m in (255, 256)] == [False, True]
-    # N*K = 16Mi lies between session 7's thresholds: no dequant+cuBLAS below 256 rows, no unswapped tiles
-    assert {key for key in MAIN_TILES if prob(*key).dequant_gemm} == {(4, 128, 256)}
-    assert not any(tk._unswapped_join(prob(*key)) for key in MAIN_TILES)
-
-
-def test_tuned_setting_is_read_from_the_environment():
-    """OPFORGE_QUANT_TUNED at import: unset or 1 the tuned choices, 0 the earlier ones; and
-    OPFORGE_QUANT_SWAP=0 the tuned choices without the swapped dot tiles nor session 7's int4
-    choices at M=64 (dequant+cuBLAS on 2048x2048, unswapped JOIN tiles on 28672x4096); a fresh
-    interpreter each."""
-    import os
-    import subprocess
-    import sys
-    code = ("import torch; from opforge.ops.quant import problem, triton_kernels as tk; "
-            "p, small, large = (problem.LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, 'cuda') "
-            "for m, n, k in ((16, 4096, 4096), (64, 2048, 2048), (64, 28672, 4096))); "
-            "print(problem.TUNED, problem.dequant_gemm_min_m(), tk.tile_config(p)[1], tk._swapped(p), "
-            "small.dequant_gemm, tk.tile_config(large)[:3], tk._swapped(large))")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    tuned = "True 256 64 True True (64, 128, 128) False"
-    for value, swap, want in ((None, None, tuned), ("1", None, tuned),
-                              ("0", None, "False 1024 64 False False (64, 64, 64) False"),
-                              (None, "0", "True 256 128 False False (64, 64, 128) False")):
-        env.pop("OPFORGE_QUANT_TUNED", None)
-        env.pop("OPFORGE_QUANT_SWAP", None)
-        if value is not None:
-            env["OPFORGE_QUANT_TUNED"] = value
-        if swap is not None:
-            env["OPFORGE_QUANT_SWAP"] = swap
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        assert out.stdout.split("\n")[-2] == want, out.stderr[-2000:]
+    assert {key for key in EARLIER_TILES if prob(*key).dequant_gemm} == {(4, 128, 256)}
+    assert not any(qc._unswapped_join(prob(*key)) for key in EARLIER_TILES)
 
 
 def _problem(m, n, k, bits=4, group=128):
@@ -367,15 +320,11 @@ def _problem(m, n, k, bits=4, group=128):
     return LinearProblem(torch.bfloat16, m, n, k, bits, group, False, False, "cuda")
 
 
-def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm(monkeypatch):
-    """Session 7 (tuned, swapped): int4 with 16 < M <= 64 and N*K <= DEQUANT_SMALL_NK runs
-    dequant+cuBLAS; not at M 16 or 65, one row of N past the threshold, 2048x8192, int8, or with
-    either switch off. A problem holds the switches as they were when it was built, and its
-    selection key holds them, so the cache follows the switches."""
+def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm():
+    """Since fed7445: int4 with 16 < M <= 64 and N*K <= DEQUANT_SMALL_NK runs dequant+cuBLAS;
+    not at M 16 or 65, one row of N past the threshold, 2048x8192, or int8."""
     from opforge.ops.quant import problem
     from opforge.runtime import registry
-    monkeypatch.setattr(problem, "TUNED", True)
-    monkeypatch.setattr(tk, "DOT_SWAP", True)
     assert problem.DEQUANT_SMALL_NK == 8 * 2 ** 20 and problem.DEQUANT_SMALL_MAX_M == 64
     shapes = ((2048, 2048), (3072, 2048), (4096, 2048), (4097, 2048), (2048, 8192))
     chosen = [(m, n, k) for m in (16, 17, 32, 64, 65) for n, k in shapes if _problem(m, n, k).dequant_gemm]
@@ -387,50 +336,32 @@ def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm(monkeypatch):
     with opforge.backend("triton"):
         assert registry.select("linear", small, "cuda").variant.name == "dequant_gemm"
         assert registry.select("linear", big, "cuda").variant.name == "prefill"
-        for module, switch in ((problem, "TUNED"), (tk, "DOT_SWAP")):
-            monkeypatch.setattr(module, switch, False)
-            off = _problem(64, 2048, 2048)
-            assert small.dequant_gemm and not off.dequant_gemm and small.key != off.key
-            assert registry.select("linear", off, "cuda").variant.name == "prefill"
-            assert registry.select("linear", small, "cuda").variant.name == "dequant_gemm"
-            monkeypatch.setattr(module, switch, True)
 
 
-def test_large_int4_weights_at_33_to_64_rows_run_unswapped_joined_tiles(monkeypatch):
-    """Session 7 (tuned, swapped): int4 with 32 < M <= 64 and N*K >= UNSWAPPED_JOIN_MIN_NK runs
-    the dot kernel not swapped on (64, 128, BLOCK_K the group up to 128) tiles; M 32, N*K just
-    below, int8 and M 65 keep their tiles; either switch off gives the earlier tiles."""
-    from opforge.ops.quant import problem
-    monkeypatch.setattr(problem, "TUNED", True)
-    monkeypatch.setattr(tk, "DOT_SWAP", True)
-    assert tk.UNSWAPPED_JOIN_MIN_NK == 48 * 2 ** 20 == 24576 * 2048
+def test_large_int4_weights_at_33_to_64_rows_run_unswapped_joined_tiles():
+    """Since fed7445: int4 with 32 < M <= 64 and N*K >= UNSWAPPED_JOIN_MIN_NK runs the dot kernel
+    not swapped on (64, 128, BLOCK_K the group up to 128) tiles; M 32, N*K just below, int8 and
+    M 65 keep their tiles."""
+    assert qc.UNSWAPPED_JOIN_MIN_NK == 48 * 2 ** 20 == 24576 * 2048
     for m in (33, 40, 64):
         for n, k in ((128256, 2048), (28672, 4096), (4096, 14336), (24576, 2048)):
             p = _problem(m, n, k)
-            assert tk.tile_config(p) == (64, 128, 128, True, 4, 3) and not tk._swapped(p) and not p.dequant_gemm
-    assert tk.tile_config(_problem(64, 28672, 4096, group=64)) == (64, 128, 64, True, 4, 3)
+            assert qc.tile_config(p) == (64, 128, 128, True, 4, 3) and not qc._swapped(p) and not p.dequant_gemm
+    assert qc.tile_config(_problem(64, 28672, 4096, group=64)) == (64, 128, 64, True, 4, 3)
     swapped = {(32, 28672, 4096, 4): (32, 64, 128, True, 4, 3), (64, 24575, 2048, 4): (64, 64, 128, True, 4, 3),
                (64, 16384, 2048, 4): (64, 64, 128, True, 4, 3), (64, 28672, 4096, 8): (64, 64, 128, True, 4, 3)}
     for (m, n, k, bits), tiles in swapped.items():
-        assert tk._swapped(_problem(m, n, k, bits)) and tk.tile_config(_problem(m, n, k, bits)) == tiles
+        assert qc._swapped(_problem(m, n, k, bits)) and qc.tile_config(_problem(m, n, k, bits)) == tiles
     p, past = _problem(64, 28672, 4096), _problem(65, 28672, 4096)
-    assert tk.tile_config(past) == (64, 128, 64, True, 4, 3) and not tk._swapped(past)   # main's M > 64 tiles
-    monkeypatch.setattr(tk, "DOT_SWAP", False)
-    assert tk.tile_config(p) == (64, 64, 128, True, 4, 3) and not tk._unswapped_join(p)
-    monkeypatch.setattr(tk, "DOT_SWAP", True)
-    monkeypatch.setattr(problem, "TUNED", False)
-    assert tk.tile_config(p) == MAIN_TILES[4, 128, 64] and not tk._unswapped_join(p)
+    assert qc.tile_config(past) == (64, 128, 64, True, 4, 3) and not qc._swapped(past)   # the M > 64 tiles
+    assert qc._unswapped_join(p)
 
 
-@pytest.mark.parametrize("join", [True, False])
-def test_launch_runs_the_unswapped_tiles_with_dot_join(monkeypatch, join):
-    """``launch`` passes join=DOT_JOIN with the unswapped int4 tiles (threshold lowered to this
-    small weight), and the result is the weight's."""
+def test_launch_runs_the_unswapped_tiles_with_join(monkeypatch):
+    """``launch`` passes join=True with the unswapped int4 tiles (threshold lowered to this small
+    weight), and the result is the weight's."""
     from opforge.ops.quant import problem
-    monkeypatch.setattr(problem, "TUNED", True)
-    monkeypatch.setattr(tk, "DOT_SWAP", True)
-    monkeypatch.setattr(tk, "DOT_JOIN", join)
-    monkeypatch.setattr(tk, "UNSWAPPED_JOIN_MIN_NK", N * K)
+    monkeypatch.setattr(qc, "UNSWAPPED_JOIN_MIN_NK", N * K)
     seen = []
     real = tk.launch_config
 
@@ -444,7 +375,7 @@ def test_launch_runs_the_unswapped_tiles_with_dot_join(monkeypatch, join):
     bias = torch.randn(N, device=DEVICE, dtype=torch.bfloat16)
     with opforge.runtime.alloc.poisoned_outputs():
         y = tk.launch(problem.prepare(x, qw, bias))
-    assert seen == [((64, 128, 128, True, 4, 3), join, False)]
+    assert seen == [((64, 128, 128, True, 4, 3), True, False)]
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
 
 
@@ -456,18 +387,17 @@ def test_empty_inner_dimension_gives_the_bias_like_f_linear():
 
 @pytest.mark.parametrize("bits,group_size,symmetric", [(4, 128, False), (4, -1, True), (8, -1, True), (8, 128, False)])
 @pytest.mark.parametrize("k", [512, 4096])
-def test_wide_k_gemv_tiles(monkeypatch, bits, group_size, symmetric, k):
-    """WIDE_K: one row of x on K tiles of up to 2048 (int4) / 1024 (int8) codes, the whole of K
+def test_wide_k_gemv_tiles(bits, group_size, symmetric, k):
+    """Wide-K tiles: one row of x on K tiles of up to 2048 (int4) / 1024 (int8) codes, the whole of K
     in one or two steps (split in two at K=4096 here: the fixup for int4, the combine for int8),
     ragged N, a bias; against the float64 oracle."""
     from opforge.ops.quant.problem import prepare
-    monkeypatch.setattr(tk, "WIDE_K", True)
     n = 12
     qw = opforge.quantize_weight(torch.randn(n, k, device=DEVICE), bits, group_size, symmetric)
     x = torch.randn(1, k, device=DEVICE, dtype=torch.bfloat16)
     bias = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
-    cfg = tk.tile_config(prepare(x, qw, bias).problem)
-    assert cfg == tk.wide_k_config(prepare(x, qw, bias).problem) and cfg[2] == min(k, 2048 if bits == 4 else 1024)
+    cfg = qc.tile_config(prepare(x, qw, bias).problem)
+    assert cfg == qc.wide_k_config(prepare(x, qw, bias).problem) and cfg[2] == min(k, 2048 if bits == 4 else 1024)
     y, event = run_triton(x, qw, bias)
     assert event.variant == "decode"
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.bfloat16]
@@ -475,8 +405,8 @@ def test_wide_k_gemv_tiles(monkeypatch, bits, group_size, symmetric, k):
 
 def test_wide_k_config_leaves_groups_that_do_not_divide_the_tile():
     from opforge.ops.quant.problem import LinearProblem
-    assert tk.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 384, 4, 96, False, False, "cuda")) is None
-    assert tk.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 8192, 8, -1, True, False, "cuda")) == \
+    assert qc.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 384, 4, 96, False, False, "cuda")) is None
+    assert qc.wide_k_config(LinearProblem(torch.bfloat16, 1, 64, 8192, 8, -1, True, False, "cuda")) == \
         (1, 8, 1024, False, 4, 1)
 
 

@@ -1,5 +1,1 @@
-"""Built-in benchmark ops and suites; importing this package registers them."""
-
-from opforge.bench.suites import norm, softmax_act, standard  # noqa: F401
-from opforge.bench.suites import attention  # noqa: F401
-from opforge.bench.suites import quant  # noqa: F401
+"""The model suite (``opforge bench --suite model``): a whole decoder, against its peers."""

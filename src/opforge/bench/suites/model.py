@@ -21,7 +21,7 @@ precision (the KV cache sized for the largest point). Measured:
 A time budget (``--budget SECONDS``, alias of ``--max-seconds``) skips the points that would start
 after it; they are listed under ``skipped`` in the JSON and at the end of the printed table. The
 1b grid with five precisions took 140 s on an H100 with every peer, the 8b grid 185 s for opforge
-alone and 372 s for bf16 with the peers (session 7, ``benchmarks/results/h100/session7``). Our KV cache holds 32 x 4136 tokens in every point; the
+alone and 372 s for bf16 with the peers (at fed7445, ``benchmarks/results/h100/2026-11-23-fed7445``). Our KV cache holds 32 x 4136 tokens in every point; the
 split-KV decode sizes its slices by the tokens in the cache, not by that capacity.
 
 ``smollm2`` (opt-in) is the trained SmolLM2-135M-Instruct from its GGUF file instead of random
@@ -39,6 +39,8 @@ import time
 from typing import Any, Iterable, Optional, Union
 
 import torch
+
+from opforge.bench.fmt import split_list
 
 from .model_grid import Budget, Grid, _config, _decode, _first_line, _prefill, _row_line, _Run, grid, \
     median_seconds, sync
@@ -250,8 +252,7 @@ def main(args: Any) -> int:
     """Entry from ``opforge bench --suite model`` (``args`` from the bench parser: --shapes,
     --dtypes as precisions, --impls to choose the peers (``opforge`` alone: none; ``transformers``:
     all; or some of eager, compile, patch, liger), --device, --json, --budget/--max-seconds)."""
-    from opforge.bench.cli import _split as split
-    impls = split(args.impls)
+    impls = split_list(args.impls)
     if not impls:
         peers: Union[bool, set[str]] = True
     elif "transformers" in impls:
@@ -259,7 +260,7 @@ def main(args: Any) -> int:
     else:
         peers = {i for i in impls if i != "opforge"}
     try:
-        result = run_model_suite(split(args.shapes) or None, args.device, split(args.dtypes) or None,
+        result = run_model_suite(split_list(args.shapes) or None, args.device, split_list(args.dtypes) or None,
                                  peers=peers, json_path=args.json, budget=getattr(args, "max_seconds", None))
     except ValueError as exc:
         print(f"opforge bench: error: {exc}", file=sys.stderr)

@@ -93,7 +93,7 @@ class Grid:
 
 
 def grid(shape: str) -> Grid:
-    """The grid of ``shape``: the issue's for ``1b``/``8b``; a small one for ``tiny`` (CPU tests)."""
+    """The grid of ``shape``: the full grid for ``1b``/``8b``; a small one for ``tiny`` (CPU tests)."""
     if shape == "tiny":
         return Grid(batches=(1, 2), contexts=(24, 48), prefills=((1, 64), (2, 32)), short_new=8, long_new=6,
                     peer_new_cap=8, compile_contexts=(24,), compile_batches=(1,))

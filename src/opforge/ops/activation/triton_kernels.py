@@ -20,9 +20,10 @@ from typing import Optional
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
+from ...runtime import alloc
+from ...runtime.triton import pdl
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
+from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import GATED, PLANS, ActivationCall, ActivationProblem
 
 BLOCK = {2: 4096, 4: 2048}     # per element size: elements per program (8 KiB)

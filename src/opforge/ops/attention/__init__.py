@@ -37,8 +37,7 @@ def _per_op(table, op: str):
 
 
 def _register() -> None:
-    tables = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
-              ("metal", dispatch.optional_variants(__name__, "metal"))]            # None until metal.py exists
+    tables = dispatch.kernel_tables(__name__)   # per backend: a table per op, None where not importable
     for op in OPS:
         dispatch.register_family((op,), [(backend, _per_op(table, op)) for backend, table in tables], _TORCH[op],
                                  "torch composite ops (repeated kv heads, masked softmax), float32 accumulation "

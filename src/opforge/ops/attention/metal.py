@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from ...runtime import alloc
-from ...runtime import metal as metal_runtime
+from ...runtime.metal import library as metal_runtime
 from ...runtime.errors import kernel_dtype_reason
 
 SOURCE = Path(__file__).with_name("attention.metal")

@@ -25,33 +25,27 @@ bf16 dot is wrong) and tiles are 16 wide so small tests cross tile boundaries.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
+from ...runtime import alloc
+from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
+from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 128             # decode: at most this many slices of one sequence
-MIN_SPLIT_TOKENS = 256       # decode: a slice shorter than this costs more to merge than it saves
-# decode: programs aimed for per SM (host-known sizes only). The H100 sweep (round 2) read best at
-# ~2 resident programs per SM: 32/8 B=1 32K 32 splits 67% of copy vs 64: 63%, 128: 54%; 8/1 B=8
-# 32K 32 splits 67% vs 64: 58-61%; 32/8 B=32 8K (256 programs) 1 split 98% vs 3: 87-97%.
-DECODE_PROGRAMS_PER_SM = 2
 MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
 # decode: slices sized by the tokens in the cache (read on the device) rather than by its
-# capacity, about one program per SM. H100 (session 6, batch 1, CUDA graphs, L2-cold caches,
-# benchmarks/gpu_decode_breakdown.py --part attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
+# capacity, about one program per SM. H100 (at f515a1a, batch 1, CUDA graphs, L2-cold caches,
+# benchmarks/tools/gpu_decode_breakdown.py --part attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
 # in a 1024 cache 6.7 -> 5.8; 8B 512 in 4096 8.4 -> 6.3; full 4096 caches 9.0 -> 9.2 and 12.3 ->
-# 12.4 (1B, 8B). ``OPFORGE_DECODE_BY_LENGTH=0`` restores the capacity's slices.
-DECODE_BY_LENGTH = os.environ.get("OPFORGE_DECODE_BY_LENGTH", "1") not in ("", "0")
+# 12.4 (1B, 8B).
 DECODE_BY_LENGTH_PROGRAMS_PER_SM = 1
 
 
@@ -275,7 +269,7 @@ def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[in
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the prefill kernel (H100 defaults; the
     tiles shrink with the head block, and for float32, whose IEEE dots run without tensor cores:
     these are the largest tiles ptxas compiles for sm_90 without spilling, per
-    ``benchmarks/attn_registers.py``)."""
+    ``benchmarks/tools/attn_registers.py``)."""
     if interpreted:
         return 16, 16, 1, 1
     block_d = head_block(d)
@@ -283,7 +277,7 @@ def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[in
         return (32, 32, 8, 2) if block_d <= 64 else (32, 16, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
     if block_d <= 64:
         return 128, 64, 4, 3
-    if block_d <= 128:   # H100 sweep (round 2), 4x4K: 128x128 455 / 447 TFLOP/s (full / causal) vs 128x64 394 / 430
+    if block_d <= 128:   # second H100 sweep, 4x4K: 128x128 455 / 447 TFLOP/s (full / causal) vs 128x64 394 / 430
         return 128, 128, 8, 3
     return 64, 32, 8, 2
 
@@ -305,29 +299,8 @@ def decode_config(d: int, itemsize: int, rows: int, interpreted: bool = False) -
     return block_r, 64, 4, 3
 
 
-def decode_splits(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: int, block_n: int) -> tuple[int, int]:
-    """(splits, split_len): slices per sequence and their length (a multiple of ``block_n``), from
-    host-known sizes only. Splits are added while ``batch * kv_heads * row_blocks * splits``
-    programs stay within ``DECODE_PROGRAMS_PER_SM`` per SM (rounded down: a grid that already
-    fills about one such wave is not split at all), and a slice keeps at least
-    ``MIN_SPLIT_TOKENS`` keys.
-
-    Example:
-        >>> decode_splits(1, 8, 1, 131072, 132, 64)
-        (33, 4032)
-        >>> decode_splits(32, 8, 1, 8192, 132, 64)
-        (1, 8192)
-        >>> decode_splits(64, 8, 1, 1024, 132, 64)
-        (1, 1024)
-    """
-    want = (DECODE_PROGRAMS_PER_SM * sms) // (batch * kv_heads * row_blocks)
-    splits = max(1, min(want, MAX_SPLITS, cdiv(s_max, MIN_SPLIT_TOKENS)))
-    split_len = cdiv(cdiv(s_max, splits), block_n) * block_n
-    return cdiv(s_max, split_len), split_len
-
-
 def decode_splits_by_length(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: int, block_n: int) -> int:
-    """Slices per sequence when they divide the tokens in the cache (``DECODE_BY_LENGTH``): enough
+    """Slices per sequence, dividing the tokens in the cache (read on the device): enough
     programs for ``DECODE_BY_LENGTH_PROGRAMS_PER_SM`` per SM, at most one slice per ``block_n``
     keys of capacity. Slices past a short sequence's end stay empty (one load, one store).
 
@@ -366,11 +339,10 @@ def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: 
 
 
 def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optional[int] = None,
-                  num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                  by_length: Optional[bool] = None) -> torch.Tensor:
+                  num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> torch.Tensor:
     """Run split-KV decoding (split kernel + combine kernel); keyword arguments override the
-    configuration (for tuning; ``by_length`` defaults to ``DECODE_BY_LENGTH``). Never reads
-    ``cache_seqlens`` on the host."""
+    configuration (for tuning). Never reads ``cache_seqlens`` on the host: ``split_len`` bounds
+    the capacity, and the kernel divides each sequence's length among the slices."""
     p = call.problem
     q, k, v = call.q, call.k_cache, call.v_cache
     out = alloc.empty((p.batch, p.q_heads, p.q_len, p.head_dim), q.dtype, q.device)
@@ -382,18 +354,10 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     br, bn, nw, ns = decode_config(p.head_dim, q.element_size(), rows, triton_interpreting())
     bn, nw, ns = block_n or bn, num_warps or nw, num_stages or ns
     row_blocks = cdiv(rows, br)
-    by_length = DECODE_BY_LENGTH if by_length is None else by_length
-    if by_length:   # split_len is then only the capacity's bound; the kernel divides the length
-        if splits is None:
-            splits = decode_splits_by_length(p.batch, p.kv_heads, row_blocks, p.kv_len, _sms(q), bn)
-        splits = max(1, min(splits, MAX_SPLITS, cdiv(p.kv_len, bn)))
-        split_len = cdiv(cdiv(p.kv_len, splits), bn) * bn
-    elif splits is None:
-        splits, split_len = decode_splits(p.batch, p.kv_heads, row_blocks, p.kv_len, _sms(q), bn)
-    else:
-        splits = min(splits, MAX_SPLITS)
-        split_len = cdiv(cdiv(p.kv_len, splits), bn) * bn
-        splits = cdiv(p.kv_len, split_len)
+    if splits is None:
+        splits = decode_splits_by_length(p.batch, p.kv_heads, row_blocks, p.kv_len, _sms(q), bn)
+    splits = max(1, min(splits, MAX_SPLITS, cdiv(p.kv_len, bn)))
+    split_len = cdiv(cdiv(p.kv_len, splits), bn) * bn
     n_rows = p.batch * p.q_heads * p.q_len
     direct = splits == 1
     if direct:   # the split kernel writes the output itself
@@ -408,7 +372,7 @@ def launch_decode(call: DecodeCall, splits: Optional[int] = None, block_n: Optio
     ints = (lse_off, p.kv_heads, p.q_heads, p.q_len, rows, p.kv_len, split_len, splits, *q.stride()[:3],
             *k.stride()[:3], *v.stride()[:3])
     dependent = pdl.on(q.device)
-    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim, by_length and not direct,
+    consts = (p.head_dim, block_d, br, bn, dot_f32, ieee, direct, block_d != p.head_dim, not direct,
               dependent)
     # what Triton specializes on (dtypes, 16-byte alignment, each int's class, constexprs): computing
     # the generic key over 30 arguments costs more host time than the kernel takes at short contexts

@@ -32,9 +32,7 @@ def _problem_builder(op: str):
 
 
 def _register() -> None:
-    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),
-                ("metal", dispatch.optional_variants(__name__, "metal"))]
-    dispatch.register_family(OPS, backends, _torch_launch, "torch gather with masks", _problem_builder)
+    dispatch.register_family(OPS, dispatch.kernel_tables(__name__), _torch_launch, "torch gather with masks", _problem_builder)
 
 
 def _run(op: str, call: DelayCall) -> torch.Tensor:
@@ -93,6 +91,7 @@ def revert_delay(codes: torch.Tensor, delays: Delays, *, pad_id: int,
     return _run("revert_delay", prepare("revert_delay", codes, delays, None, pad_id, out))
 
 
+fakes.bind(apply_delay=apply_delay, revert_delay=revert_delay)
 _register()
 
 __all__ = ["apply_delay", "revert_delay"]

@@ -7,24 +7,29 @@ while compiling ``route_*`` calls ``opforge::shift_delay`` (a new output) or
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from ...runtime.compile_support import library_op
 
 
-def _public():
-    from .. import delay  # the package's public functions (this module is imported before they exist)
-    return delay
+#: The family's public functions, handed over by the package once they exist (``bind``): the
+#: custom ops run their ``.eager`` form.
+_public: dict[str, Any] = {}
+
+
+def bind(**functions: Any) -> None:
+    """Give this module the family's public functions (the package calls it after defining them)."""
+    _public.update(functions)
 
 
 def _eager(codes: torch.Tensor, delays: list[int], delays_t: Optional[torch.Tensor], bos_id: Optional[int],
            pad_id: int, revert: bool, out: Optional[torch.Tensor]) -> torch.Tensor:
     d = delays_t if delays_t is not None else delays
     if revert:
-        return _public().revert_delay.eager(codes, d, pad_id=pad_id, out=out)
-    return _public().apply_delay.eager(codes, d, bos_id=bos_id, pad_id=pad_id, out=out)
+        return _public["revert_delay"].eager(codes, d, pad_id=pad_id, out=out)
+    return _public["apply_delay"].eager(codes, d, bos_id=bos_id, pad_id=pad_id, out=out)
 
 
 def _shift(codes: torch.Tensor, delays: list[int], delays_t: Optional[torch.Tensor], bos_id: Optional[int],

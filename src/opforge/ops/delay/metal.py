@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ...runtime import alloc
-from ...runtime import metal as metal_runtime
+from ...runtime.metal import library as metal_runtime
 from .problem import DelayCall, DelayProblem
 
 SOURCE = Path(__file__).with_name("delay.metal")

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ...runtime import alloc, plans
 from ...runtime.lru import LRU
-from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, int_spec, next_power_of_2
+from ...runtime.triton.launch import I32_MAX, TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import DelayCall, DelayProblem
 
 BLOCK = 2048     # elements of one sequence's (T, C) plane per program

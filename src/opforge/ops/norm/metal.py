@@ -23,7 +23,7 @@ import torch
 
 from ...runtime import alloc
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime import metal as metal_runtime
+from ...runtime.metal import library as metal_runtime
 from .problem import NormCall, NormProblem
 
 SOURCE = Path(__file__).with_name("norm.metal")

@@ -22,9 +22,10 @@ from typing import Optional
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
+from ...runtime import alloc
+from ...runtime.triton import pdl
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import I32_MAX, TritonLauncher, cdiv, next_power_of_2
+from ...runtime.triton.launch import I32_MAX, TritonLauncher, cdiv, next_power_of_2
 from .problem import PLANS, NormCall, NormProblem
 
 MULTIROW_MAX_N = 1024
@@ -36,7 +37,7 @@ LOOP_CHUNK = 32768
 # row's first S values, which does not wait for the row; then, where E[(x - shift)^2] > SHIFT_FAR *
 # var (the shift over ~4 standard deviations off the mean, the one-pass form losing ~4 bits), the
 # variance is recomputed around the mean. S > 0 is correct and tested but not yet measured on a
-# GPU (benchmarks/shift_and_plans_probe.py does), so the measured S = 0 stays the default.
+# GPU (see benchmarks/NOTES.md, Norms), so the measured S = 0 stays the default.
 SHIFT_SAMPLE = 0
 SHIFT_FAR = tl.constexpr(16.0)
 

@@ -19,21 +19,19 @@ rounds the dequantized weight to x's dtype and lets cuBLAS multiply). Every call
 ``qmv``/``qmm`` on MPS (``opforge.ops.quant.metal``, verified by emulation only), the torch path elsewhere), runs it and, inside ``opforge.trace()``,
 records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend,
 except one row of x (decode) with an fp16/bf16 weight on CUDA: opforge's dense GEMV
-(``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``; ``OPFORGE_DENSE_GEMV=0`` turns it off).
+(``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``).
 
-Launch choices (tiles, K splits, variant thresholds) are by default the round-3 H100 sweep's,
-measured end to end in session 4 (``benchmarks/gpu_check_quant.py --tuned``): the in-kernel split
-reduction for the int4 GEMV kernel (M <= 4), wide-K GEMV tiles for one row (session 5's sweep,
-``triton_kernels.WIDE_K``), int4 tiles of 128 features for M 5..16 and BLOCK_K
+Launch choices (tiles, K splits, variant thresholds) are the third H100 sweep's, measured end
+to end at 629522a (against the earlier choices, since removed; benchmarks/NOTES.md): the in-kernel split
+reduction for the int4 GEMV kernel (M <= 4), wide-K GEMV tiles for one row (the sweep at b634a74,
+``config.wide_k_config``), int4 tiles of 128 features for M 5..16 and BLOCK_K
 128 for M 33..64, and the ``dequant_gemm`` variant from M >= 256 rows. With the swapped dot
-tiles (session 6, ``triton_kernels.DOT_SWAP``), session 7's sweep (H100, bf16 x, int4 g128) adds
+tiles (at f515a1a, ``config.SWAP_MAX_M``), the sweep at fed7445 (H100, bf16 x, int4 g128) adds
 for int4 at M 17..64: ``dequant_gemm`` on weights of N*K <= 8*2**20 (M=64 2048x2048 21.5 ->
 10.0 us, 3072x2048 21.5 -> 11.6; ``problem.DEQUANT_SMALL_NK``), and at M 33..64 on N*K >=
 48*2**20 the dot kernel not swapped, JOIN, (64, 128, 128) tiles (M=64 28672x4096 102.4 -> 94.7,
-128256x2048 188.1 -> 160.8; ``triton_kernels.UNSWAPPED_JOIN_MIN_NK``). ``OPFORGE_QUANT_TUNED=0``
-in the environment (read once, when this family is imported; ``opforge.ops.quant.problem.TUNED``)
-restores the earlier choices (combine kernel, 64-feature tiles, ``dequant_gemm`` from 1024 rows).
-Results are the same up to float32 summation order either way.
+128256x2048 188.1 -> 160.8; ``config.UNSWAPPED_JOIN_MIN_NK``). The tile heuristics
+and their measurements are in ``opforge.ops.quant.config`` (``problem`` holds the variant thresholds).
 """
 from __future__ import annotations
 
@@ -60,9 +58,7 @@ def _torch_launch(call: LinearCall) -> torch.Tensor:
 
 
 def _register() -> None:
-    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
-                ("metal", dispatch.optional_variants(__name__, "metal"))]
-    dispatch.register_family(OPS, backends, _torch_launch,
+    dispatch.register_family(OPS, dispatch.kernel_tables(__name__), _torch_launch,
                              "dequantize, then F.linear in float32 (float64 for float64 x)", _problem_builder)
 
 
@@ -95,9 +91,8 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
 
     Returns:
         (..., N) in x's dtype; accumulation in float32. Triton variants: ``decode`` (M <= 16 rows),
-        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 1024, or with ``OPFORGE_QUANT_TUNED=1``
-        M >= 256 and int4 M 17..64 with N*K <= 8*2**20: the weight dequantized to x's dtype, then
-        cuBLAS), see ``opforge.ops.quant.triton_kernels``.
+        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 256, and int4 M 17..64 with
+        N*K <= 8*2**20: the weight dequantized to x's dtype, then cuBLAS), see ``opforge.ops.quant.triton_kernels``.
         Metal variants (MPS tensors, also float32 x): ``qmv`` (M <= 16) and ``qmm``, see
         ``opforge.ops.quant.metal``.
 
@@ -133,6 +128,7 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
     return dispatch.run("linear", call, x)
 
 
+fakes.bind(linear=linear)
 _register()
 
 __all__ = ["QuantizedWeight", "quantize_weight", "linear"]

@@ -1,34 +1,31 @@
 """A Triton GEMV for ``linear`` with a dense fp16/bf16 weight and a few rows of x (decode).
 
 Why: at batch 1 a decode step reads every weight once, and cuBLAS's ``F.linear`` reads the
-1B/8B Llama projections (N, K of 2048..16384) at 47-72% of copy bandwidth on the H100 (session 3,
-``benchmarks/results/h100/session3``). This kernel streams the (N, K) weight once with 16-byte
+1B/8B Llama projections (N, K of 2048..16384) at 47-72% of copy bandwidth on the H100 (at 980a81d,
+``benchmarks/results/h100/2026-11-23-980a81d``). This kernel streams the (N, K) weight once with 16-byte
 loads along K in (BLOCK_N, BLOCK_K) tiles, multiplies by x in float32 registers, reduces once at
 the end, and splits K when N alone gives too few programs (the last split of a tile adds the
 float32 partials in split order: the same ``_store`` as the quantized GEMV).
 
-``linear`` runs it for one row of x with a dense fp16/bf16 weight on CUDA (``DENSE_GEMV``,
-``OPFORGE_DENSE_GEMV=0`` turns it off; traced as ``triton``/``dense_gemv``); more rows go to
-cuBLAS. Measured (H100, session 5, ``benchmarks/gpu_decode_breakdown.py``): the 1B model's bf16
+``linear`` runs it for one row of x with a dense fp16/bf16 weight on CUDA (traced as
+``triton``/``dense_gemv``); more rows go to
+cuBLAS. Measured (H100, at b634a74, ``benchmarks/tools/gpu_decode_breakdown.py``): the 1B model's bf16
 decode step 1369 -> 1223 us (graph replay), each decode GEMV shape 1.06-1.27x cuBLAS.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
-from ...runtime.launch import TritonLauncher, cdiv
-from .triton_kernels import _counters, _split, _store
+from ...runtime import alloc
+from ...runtime.triton import pdl
+from ...runtime.triton.launch import TritonLauncher, cdiv
+from .config import _split
+from .triton_kernels import _counters, _store
 
-#: Whether ``linear`` runs this kernel for a dense fp16/bf16 weight and one row of x on CUDA
-#: (read at import; on by default since session 5's end-to-end measurement, ``OPFORGE_DENSE_GEMV=0``
-#: turns it off).
-DENSE_GEMV = os.environ.get("OPFORGE_DENSE_GEMV", "1") not in ("", "0")
 #: (BLOCK_N, BLOCK_K, num_warps, programs per SM) when no config is given.
 DEFAULT_CONFIG = (32, 256, 4, 4)
 #: Bytes of weight per program step in ``config_for`` (16-byte loads, all in flight at once).
@@ -81,7 +78,7 @@ _dense_gemv = TritonLauncher(_dense_gemv_kernel)
 
 def config_for(n: int, k: int, itemsize: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, warps, programs per SM) for an (N, K) weight: up to 2048 columns (4 KB
-    of a 16-bit row) per step, ``STEP_BYTES`` per program step, 4 warps. H100 sweep (session 5):
+    of a 16-bit row) per step, ``STEP_BYTES`` per program step, 4 warps. H100 sweep (at b634a74):
     (4, 2048) beat cuBLAS on all nine 1B/8B decode shapes (1B qkv/o/gate_up/down/lm_head 6.3/5.0/
     24.3/13.8/167.8 us vs 7.0/6.3/26.1/16.4/189.5).
 
@@ -95,10 +92,10 @@ def config_for(n: int, k: int, itemsize: int) -> tuple[int, int, int, int]:
 
 
 def supported(x: torch.Tensor, w: torch.Tensor, m: int) -> bool:
-    """Whether ``linear`` sends this dense call here: ``DENSE_GEMV`` on, one row, fp16/bf16 on CUDA,
+    """Whether ``linear`` sends this dense call here: one row, fp16/bf16 on CUDA,
     a weight with unit last stride, compiled Triton (not the interpreter)."""
     from ...runtime.backends import triton_interpreting
-    return DENSE_GEMV and m == 1 and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) \
+    return m == 1 and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) \
         and w.stride(-1) == 1 and not triton_interpreting()
 
 

@@ -7,7 +7,7 @@ is ``torch.nn.functional.linear``.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -16,10 +16,19 @@ from ...runtime.compile_support import library_op
 from .weight import QuantizedWeight
 
 
+#: The family's public functions, handed over by the package once they exist (``bind``): the
+#: custom ops run their ``.eager`` form.
+_public: dict[str, Any] = {}
+
+
+def bind(**functions: Any) -> None:
+    """Give this module the family's public functions (the package calls it after defining them)."""
+    _public.update(functions)
+
+
 def _quantized_linear(x: torch.Tensor, packed: torch.Tensor, scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor],
                       bits: int, group_size: int, n: int, k: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    from . import linear  # the public function (this module is imported before it exists)
-    return linear.eager(x, QuantizedWeight(packed, scales_t, zeros_t, bits, group_size, (n, k)), bias)
+    return _public["linear"].eager(x, QuantizedWeight(packed, scales_t, zeros_t, bits, group_size, (n, k)), bias)
 
 
 def _fake_quantized_linear(x, packed, scales_t, zeros_t, bits, group_size, n, k, bias):

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from ...runtime import alloc
-from ...runtime import metal as metal_runtime
+from ...runtime.metal import library as metal_runtime
 from ...runtime.errors import kernel_dtype_reason
 from .problem import DECODE_MAX_M, LinearCall, LinearProblem
 

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
@@ -16,46 +14,21 @@ from .weight import QuantizedWeight
 OPS = ("linear",)
 #: Up to this many rows of x, the decode variant runs (all rows share each weight load).
 DECODE_MAX_M = 16
-#: Whether the launch choices of the round-3 H100 sweep apply (on unless ``OPFORGE_QUANT_TUNED=0``,
-#: read once at import; see the family's docstring). Measured end to end in session 4
-#: (``gpu_check_quant.py --tuned``, benchmarks/results/h100/session4): on the GPU-bound shapes
-#: int4 M=16 1.37x, M=64 1.06-1.13x, M=256 1.65-1.84x, int8 M=256 1.06-1.22x, M=1 equal.
-#: The kernels read this module attribute at every call (tests and benchmarks flip it).
-TUNED: bool = os.environ.get("OPFORGE_QUANT_TUNED", "1") not in ("", "0")
 #: From this many rows on, the weight is dequantized to x's dtype and cuBLAS multiplies (the
 #: ``dequant_gemm`` variant): the dequantization costs one pass over N*K, small next to an
-#: M*N*K GEMM this large. None turns it off. With ``OPFORGE_QUANT_TUNED=0`` ...
-DEQUANT_GEMM_MIN_M: "Optional[int]" = 1024
-#: ... and the threshold under ``TUNED``. H100 sweep (round 3, int4 g128,
-#: benchmarks/gpu_check_quant.py --sweep): at M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM
+#: M*N*K GEMM this large. None turns it off. H100 sweep (third sweep, int4 g128,
+#: benchmarks/tools/gpu_check_quant.py --sweep): at M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM
 #: 112.9 (4096x4096), 439.6 vs 802.1 (28672x8192); M=64 stays on the Triton GEMM. End to end
-#: (session 4): M=256 int4 1.41-3.09x, int8 1.04-1.27x the Triton GEMM.
-DEQUANT_GEMM_MIN_M_TUNED: "Optional[int]" = 256
-#: Under ``TUNED`` with the swapped dot tiles (``triton_kernels.DOT_SWAP``), int4 weights of at
+#: (at 629522a): M=256 int4 1.41-3.09x, int8 1.04-1.27x the Triton GEMM (1024 rows before).
+DEQUANT_GEMM_MIN_M: "Optional[int]" = 256
+#: With the swapped dot tiles (``config.SWAP_MAX_M``), int4 weights of at
 #: most this many elements (N*K) also take ``dequant_gemm`` for M 17..``DEQUANT_SMALL_MAX_M``:
-#: there the dot kernel's time is mostly fixed cost. H100 sweep (session 7,
-#: results/h100/session7/call1, bf16 x, g128), int4 linear vs dequant+cuBLAS: M=64 3072x2048
+#: there the dot kernel's time is mostly fixed cost. H100 sweep (at fed7445,
+#: results/h100/2026-11-23-fed7445/run1, bf16 x, g128), int4 linear vs dequant+cuBLAS: M=64 3072x2048
 #: 21.5 vs 11.6 us, 2048x2048 21.5 vs 10.0; M=32 12.2 vs 11.4, 12.1 vs 9.9. From 2048x8192 on
 #: dequant+cuBLAS is slower (M=64 29.3 vs 23.5). int8 keeps its kernel (ahead or within a hair).
 DEQUANT_SMALL_NK = 8 * 2 ** 20
 DEQUANT_SMALL_MAX_M = 64
-
-
-def dequant_gemm_min_m() -> "Optional[int]":
-    """The row count from which the ``dequant_gemm`` variant runs (None: never), under the
-    current setting (``TUNED``).
-
-    Example:
-        >>> dequant_gemm_min_m() == (DEQUANT_GEMM_MIN_M_TUNED if TUNED else DEQUANT_GEMM_MIN_M)
-        True
-    """
-    return DEQUANT_GEMM_MIN_M_TUNED if TUNED else DEQUANT_GEMM_MIN_M
-
-
-def _dot_swap() -> bool:
-    """``triton_kernels.DOT_SWAP``; False where that module is not loaded (no Triton variants)."""
-    kernels = sys.modules.get(f"{__package__}.triton_kernels")
-    return kernels is not None and kernels.DOT_SWAP
 
 
 @dataclass(frozen=True)
@@ -72,10 +45,6 @@ class LinearProblem(ProblemRecord):
     symmetric: bool
     has_bias: bool
     device_type: str
-    #: ``TUNED`` and ``triton_kernels.DOT_SWAP`` when the record was built: switches that tests and
-    #: benchmarks flip, held here so that the selection key sees them
-    tuned: bool = field(default_factory=lambda: TUNED)
-    dot_swap: bool = field(default_factory=lambda: _dot_swap())
 
     @property
     def dense(self) -> bool:
@@ -87,15 +56,15 @@ class LinearProblem(ProblemRecord):
 
     @property
     def large(self) -> bool:
-        threshold = DEQUANT_GEMM_MIN_M_TUNED if self.tuned else DEQUANT_GEMM_MIN_M
+        threshold = DEQUANT_GEMM_MIN_M
         return threshold is not None and self.m >= threshold
 
     @property
     def small_int4(self) -> bool:
-        """int4, M 17..``DEQUANT_SMALL_MAX_M``, N*K <= ``DEQUANT_SMALL_NK``, under ``TUNED`` and
-        ``triton_kernels.DOT_SWAP``: dequant+cuBLAS beats the swapped dot kernel."""
-        return (self.tuned and self.bits == 4 and DECODE_MAX_M < self.m <= DEQUANT_SMALL_MAX_M
-                and self.n * self.k <= DEQUANT_SMALL_NK and self.dot_swap)
+        """int4, M 17..``DEQUANT_SMALL_MAX_M``, N*K <= ``DEQUANT_SMALL_NK``: dequant+cuBLAS beats
+        the swapped dot kernel."""
+        return (self.bits == 4 and DECODE_MAX_M < self.m <= DEQUANT_SMALL_MAX_M
+                and self.n * self.k <= DEQUANT_SMALL_NK)
 
     @property
     def dequant_gemm(self) -> bool:

@@ -10,17 +10,17 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   one ``lop3``, which makes it that power plus the code; one FADD removes the power. It meets
   x[PACK*j + i] (a strided read of x, from L1) by FMAs into per-word sums; scale and zero are
   applied per word column; the only cross-thread reduction is the one at the end. More rows:
-  ``_qmm_kernel`` with 16 padded rows: every row shares each weight load. Up to 64 rows (under
-  the tuned choices) its SWAP form puts the weight on the MMA's wide side (out^T = W x^T, 64
+  ``_qmm_kernel`` with 16 padded rows: every row shares each weight load. Up to 64 rows its SWAP
+  form puts the weight on the MMA's wide side (out^T = W x^T, 64
   features x 128 codes) and int4 codes leave their words through ``tl.join`` (JOIN); int4 at
   M 33..64 on weights of N*K >= 48*2**20 runs the JOIN form not swapped, on (64, 128, 128)
-  tiles (``UNSWAPPED_JOIN_MIN_NK``).
+  tiles (``config.UNSWAPPED_JOIN_MIN_NK``).
 * ``prefill`` (M > 16): ``_qmm_kernel`` on (BLOCK_M, BLOCK_N) tiles; per K tile (inside one
   group) the codes, as 16-bit floats, go to ``tl.dot`` (tensor cores) against x. Tiles by M, N,
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
   read from DRAM about once.
 
-* ``dequant_gemm`` (M >= ``problem.dequant_gemm_min_m()``; tuned, also int4 at M 17..64 with
+* ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``; also int4 at M 17..64 with
   N*K <= ``problem.DEQUANT_SMALL_NK``): ``_dequant_kernel`` writes the weight in x's dtype (one
   pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the dequantized weight
   to 16 bits; at these M the GEMM dwarfs the extra pass, and on small int4 weights the dot
@@ -28,32 +28,29 @@ Two kernels behind two variants, chosen by the number of rows M of x:
 
 The GEMV and dot kernels split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
 split writes float32 partials to a workspace (split, M, N); a tiny second kernel or, with
-``fixup`` (under ``problem.TUNED``, the default: the int4 GEMV kernel), the last split of each tile adds
+``fixup`` (the int4 GEMV kernel), the last split of each tile adds
 them in split order, adds the bias and casts (deterministic either way, and bitwise the same; no
 atomics on the data).
 
-Launch choices: by default (``problem.TUNED``; ``OPFORGE_QUANT_TUNED=0`` turns it off) the
-round-3 H100 sweep's: the in-kernel split reduction for the int4 GEMV kernel, int4 tiles
-(16, 128, 128) for M 5..16 and (64, 64, 128) for M 33..64, and dequant+cuBLAS from M = 256.
-Each won in a sweep of single launch configs and, measured end to end in session 4
-(``benchmarks/gpu_check_quant.py --tuned``), was as fast or faster on the GPU-bound shapes; the
+Launch choices (``opforge.ops.quant.config``) are the third H100 sweep's: the in-kernel split
+reduction for the int4 GEMV kernel, int4 tiles (16, 128, 128) for M 5..16 and (64, 64, 128) for M 33..64, and dequant+cuBLAS from M = 256.
+Each won in a sweep of single launch configs and, measured end to end at 629522a
+(against the earlier choices, since removed; benchmarks/NOTES.md), was as fast or faster on the GPU-bound shapes; the
 int8 GEMV kernel's in-kernel reduction measured slower there (0.53-0.99x) and stays off. Later
-sweeps (CUDA graphs, L2-cold weights) added wide-K GEMV tiles for one row (session 5), the
-swapped dot tiles up to 64 rows (session 6, ``DOT_SWAP``; they replace the M 5..64 tiles above)
-and, for int4 at M 17..64 (session 7), dequant+cuBLAS on small weights and the non-swapped
-JOIN tiles at M 33..64 on large ones (``problem.DEQUANT_SMALL_NK``, ``UNSWAPPED_JOIN_MIN_NK``).
+sweeps (CUDA graphs, L2-cold weights) added wide-K GEMV tiles for one row (at b634a74), the
+swapped dot tiles up to 64 rows (at f515a1a, ``config.SWAP_MAX_M``; they replace the M 5..64 tiles above)
+and, for int4 at M 17..64 (at fed7445), dequant+cuBLAS on small weights and the non-swapped
+JOIN tiles at M 33..64 on large ones (``problem.DEQUANT_SMALL_NK``, ``config.UNSWAPPED_JOIN_MIN_NK``).
 
 Exactness: per group both accumulate ``scale * (sum_k x*code - zero * sum_k x)``. Codes are
 exact in float32 and in 16-bit floats (the dot path keeps an offset on them, 128 or 1024, folded
 into the zero), products are exact and sums float32: the result is the QuantizedWeight's up to
 float32 accumulation; no dequantized weight is rounded to 16 bits. Under the interpreter (whose
-bf16 ``tl.dot`` is wrong) the dot operands are cast to float32. ``benchmarks/quant_ptx.py``
+bf16 ``tl.dot`` is wrong) the dot operands are cast to float32. ``benchmarks/tools/quant_ptx.py``
 reports registers, spills and shared memory per config for sm_90 without a GPU.
 """
 from __future__ import annotations
 
-import functools
-import os
 from typing import Optional
 
 import torch
@@ -61,63 +58,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
+from ...runtime import alloc
+from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
-from ...runtime.launch import TritonLauncher, cdiv
+from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import problem as qproblem
+from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
+    _unswapped_join, code_mode, split_fixup, tile_config
 from .problem import LinearCall, LinearProblem
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
-PROGRAMS_PER_SM = 4           # split K until about this many programs per SM are in flight
-MAX_SPLIT = 32
-#: The FMA (GEMV) kernel takes up to this many rows of x per program (BLOCK_M) ...
-GEMV_MAX_M = 16
-#: ... and runs by default up to this many (int4; int8: 2). Past 4 rows its 3-D tiles spill on
-#: sm_90 (ptxas, benchmarks/quant_ptx.py) and the tl.dot kernel with 16 padded rows takes over.
-GEMV_ROWS = 4
-#: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
-#: instead of a second combine kernel. Default: off for both kernels.
-SPLIT_FIXUP = False
-#: The same choice per kernel under ``problem.TUNED``. H100 sweep (round 3, int4 g128; single
-#: launch configs): on for the int4 GEMV kernel (int8's measured slower end to end) (4096x4096 M=1 18.0 -> 13.1 us, M=4
-#: 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2, M=4 220.1 -> 210.9), bitwise equal to the combine
-#: kernel; off for the dot kernel (M=8/16: -5% at 4096x4096, +1-2% at 28672x8192). Its tile
-#: counters are per device and stream (``_counters``).
-SPLIT_FIXUP_GEMV = True
-SPLIT_FIXUP_DOT = False
-#: Wide-K GEMV tiles for M = 1 (``wide_k_config``): each program step loads 8 KB of packed
-#: words at once, as 8 rows of 1 KB (2048 int4 / 1024 int8 codes) or, for N >= ``WIDE_K_WIDE_N``,
-#: 16 rows of 512 B, so a decode-sized weight is read in one or a few steps with every load in
-#: flight, instead of 8 KB steps of 128 codes over up to 16 K splits. H100 sweep (session 5,
-#: CUDA graphs over L2-cold weights, ``benchmarks/gpu_decode_breakdown.py``): 1B qkv/o/gate_up/down
-#: 4.6/4.0/12.5/9.2 us vs 6.8/6.1/13.4/10.2 with the 128x128 tiles (torch's tinygemm 4.1/3.8/12.0/8.3).
-#: Part of the tuned choices (``OPFORGE_QUANT_TUNED=0`` leaves it out too); ``OPFORGE_QUANT_WIDE_K=0``
-#: turns it off alone (read at import; the kernels read this attribute).
-WIDE_K = os.environ.get("OPFORGE_QUANT_WIDE_K", "1") not in ("", "0")
-WIDE_K_STEP_BYTES = 8192
-WIDE_K_WIDE_N = 16384
-WIDE_K_PROGRAMS_PER_SM = 4
-#: The dot kernel with the weight as the MMA's first operand (SWAP) for M up to ``SWAP_MAX_M``,
-#: on tiles of 64 features x 128 codes (int4 and int8). H100 sweep (session 6, CUDA graphs over
-#: L2-cold weights, the nine 1B/8B projection shapes, speed as a multiple of bf16 cuBLAS): int4
-#: M=16 0.44-0.77x -> 0.74-1.38x, int8 M=16 0.73-1.31x -> 0.88-1.87x; int4 M=32 0.23-0.38x ->
-#: 0.54-1.15x (results/h100/session6/results.md). Part of the tuned choices;
-#: ``OPFORGE_QUANT_SWAP=0`` turns it off alone.
-DOT_SWAP = os.environ.get("OPFORGE_QUANT_SWAP", "1") not in ("", "0")
-SWAP_MAX_M = 64
-#: int4 codes unpacked through ``tl.join`` in the swapped dot kernel (``_load_codes``). H100 sweep
-#: (session 6, second round): M=16 8B gate_up 73.5 -> 63.0 us, 1B lm_head 139.8 -> 113.9, 1B
-#: gate_up 23.2 -> 20.7; M=64 8B o 26.4 -> 23.1; the 1B model's batch-8 int4 step 1351 -> 1264 us.
-#: ``OPFORGE_QUANT_JOIN=0`` turns it off.
-DOT_JOIN = os.environ.get("OPFORGE_QUANT_JOIN", "1") not in ("", "0")
-#: int4, M ``UNSWAPPED_JOIN_MIN_M``..``SWAP_MAX_M``, N*K of at least ``UNSWAPPED_JOIN_MIN_NK``
-#: (under ``TUNED`` and ``DOT_SWAP``): the dot kernel NOT swapped, with JOIN, on (64, 128, 128)
-#: tiles (``_unswapped_join``). H100 sweep (session 7, results/h100/session7/call1, M=64, bf16 x,
-#: g128) vs the swapped tiles: 128256x2048 160.8 vs 188.1 us, 28672x4096 94.7 vs 102.4,
-#: 4096x14336 48.1 vs 57.8; smaller weights lose (16384x2048 32.2 vs 28.1, 4096x4096 36.4 vs
-#: 23.3). At M=32 the swapped tiles are best or within noise everywhere.
-UNSWAPPED_JOIN_MIN_M = 33
-UNSWAPPED_JOIN_MIN_NK = 48 * 2 ** 20
 
 
 @triton.jit
@@ -462,157 +412,7 @@ _gemv = TritonLauncher(_gemv_kernel)
 _combine = TritonLauncher(_combine_kernel)
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device_index) -> int:
-    if triton_interpreting() or device_index is None:
-        return 1   # the interpreter runs programs one by one: keep grids small
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, use_dot, num_warps, num_stages) for a problem.
-
-    M <= 4 (int8: 2; the GEMV kernel, no dot, BLOCK_M the next power of two): 8 KB of packed
-    words per program step, int4 128 features x 128 codes (the g128 group: one scale per row and
-    step), int8 64 x 128. M up to 16: 16 padded rows, tl.dot, 64 features, BLOCK_K the group (at
-    most 128). M 17..64: 32- or 64-row tiles of 64 features (weight-bound still: many programs
-    from N alone), BLOCK_K = min(group, 64). More rows: 64- or 128-row tiles, 128 features unless
-    N is small, BLOCK_K = min(group, 64).
-
-    Under ``problem.TUNED`` (the default; ``OPFORGE_QUANT_TUNED=0`` turns it off) int4 takes the
-    H100 sweep's best (round 3, 4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md): M 5..16
-    128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept). One row
-    (int4 and int8) takes ``wide_k_config`` under ``TUNED`` and ``WIDE_K`` (session 5's sweep).
-    Past the GEMV's rows and up to ``SWAP_MAX_M``, ``TUNED`` and ``DOT_SWAP`` give the swapped dot
-    kernel's tiles: BLOCK_M the power of two >= M (16 at least), 64 features, BLOCK_K the group up
-    to 128 (session 6's sweep); except int4 at M 33..64 with N*K >= ``UNSWAPPED_JOIN_MIN_NK``:
-    (64, 128, BLOCK_K the group up to 128), not swapped, JOIN (session 7: M=64 28672x4096 94.7
-    vs 102.4 us).
-
-    Example:
-        >>> from opforge.ops.quant.problem import LinearProblem
-        >>> tile_config(LinearProblem(torch.bfloat16, 4, 4096, 4096, 4, 128, False, False, "cuda"))
-        (4, 128, 128, False, 4, 3)
-    """
-    g = p.k if p.group >= p.k else p.group
-    if WIDE_K and qproblem.TUNED and p.m == 1 and _gemv_ok(p):
-        wide = wide_k_config(p)
-        if wide is not None:
-            return wide
-    if p.m <= GEMV_ROWS and _gemv_ok(p):
-        block_m = _pow2_ge(p.m)
-        # int4 128 features (4 rows per thread; 255 registers, no spills at 4 rows of x), int8 64
-        return block_m, 128 if p.bits == 4 else 64, 128, False, 4, 3
-    if _unswapped_join(p):
-        return 64, 128, min(_pow2_le(g), 128), True, 4, 3
-    if _swapped(p):
-        return max(16, _pow2_ge(p.m)), 64, min(_pow2_le(g), 128), True, 4, 3
-    tuned_int4 = qproblem.TUNED and p.bits == 4
-    if p.m <= 16:
-        # tuned, int4 128 features: 4096x4096 M=16 31.5 -> 25.6 us, 28672x8192 328.9 -> 240.8 us (H100 sweep)
-        return 16, 128 if tuned_int4 else 64, min(_pow2_le(g), 128), True, 4, 3
-    if p.m <= 64:   # still weight-bound: narrow tiles, so N alone gives many programs
-        # tuned, int4 64 rows, BLOCK_K up to 128: M=64 34.1 -> 30.8 us, 233.9 -> 221.3 us (H100 sweep)
-        wide_k = tuned_int4 and p.m > 32
-        return 32 if p.m <= 32 else 64, 64, min(_pow2_le(g), 128 if wide_k else 64), True, 4, 3
-    block_m = 64 if p.m < 256 else 128
-    block_n = 128 if p.n >= 128 else 64
-    return block_m, block_n, min(_pow2_le(g), 64), True, 8 if block_m == 128 else 4, 3
-
-
-def _swapped(p: LinearProblem) -> bool:
-    """Whether the dot kernel runs in its SWAP form for this problem (see ``DOT_SWAP``)."""
-    return DOT_SWAP and qproblem.TUNED and p.m <= SWAP_MAX_M and not (p.m <= GEMV_ROWS and _gemv_ok(p)) \
-        and not _unswapped_join(p)
-
-
-def _unswapped_join(p: LinearProblem) -> bool:
-    """Whether the dot kernel runs NOT swapped, with JOIN, on (64, 128, 128) tiles for this
-    problem (see ``UNSWAPPED_JOIN_MIN_NK``)."""
-    return DOT_SWAP and qproblem.TUNED and p.bits == 4 and UNSWAPPED_JOIN_MIN_M <= p.m <= SWAP_MAX_M \
-        and p.n * p.k >= UNSWAPPED_JOIN_MIN_NK
-
-
-def wide_k_config(p: LinearProblem) -> Optional[tuple[int, int, int, bool, int, int]]:
-    """The wide-K GEMV tile for one row of x (see ``WIDE_K``), or None where the group does not
-    divide the K tile: rows of 1 KB of packed codes (512 B from N = ``WIDE_K_WIDE_N``; K itself
-    if shorter, rounded down to a power of two), ``WIDE_K_STEP_BYTES`` per step, 4 warps.
-
-    Example:
-        >>> wide_k_config(LinearProblem(torch.bfloat16, 1, 2048, 8192, 4, 128, False, False, "cuda"))
-        (1, 8, 2048, False, 4, 1)
-        >>> wide_k_config(LinearProblem(torch.bfloat16, 1, 16384, 2048, 8, -1, True, False, "cuda"))
-        (1, 16, 512, False, 4, 1)
-    """
-    row_bytes = 1024 if p.n < WIDE_K_WIDE_N else 512
-    block_k = min(row_bytes * 8 // p.bits, _pow2_le(p.k))
-    per_row = p.group >= p.k or p.group <= 0
-    if not per_row and block_k % p.group:
-        return None
-    block_n = max(8, min(64, WIDE_K_STEP_BYTES // (block_k * p.bits // 8)))
-    return 1, block_n, block_k, False, 4, 1
-
-
-def _programs_per_sm(config: tuple) -> int:
-    """K splits aim at this many programs per SM: fewer for wide-K GEMV tiles (their steps are
-    few and large; each split adds a partial write and a fixup)."""
-    wide = not config[3] and config[2] > 128
-    return WIDE_K_PROGRAMS_PER_SM if wide else PROGRAMS_PER_SM
-
-
-def _gemv_ok(p: LinearProblem) -> bool:
-    """The GEMV kernel reads int32 words: int8 rows need K % 4 == 0 (int4 always has K % 8 == 0);
-    int8 runs it up to 2 rows (its tiles hold twice the words of int4's)."""
-    return p.bits == 4 or (p.k % 4 == 0 and p.m <= 2)
-
-
-def code_mode(bits: int, dtype: torch.dtype) -> tuple[int, int]:
-    """How the dot path turns codes into x's dtype (see ``_codes_as_float``), and the offset that
-    leaves on them: int4 and bf16 x: bf16 128 + code; fp16 x: fp16 1024 + code; int8 and bf16 x
-    (128 + code needs 9 significant bits): float32, then rounded to bf16 (exact)."""
-    if dtype == torch.float16:
-        return 2, 1024
-    return (1, 128) if bits == 4 else (3, 0)
-
-
-def _pow2_ge(v: int) -> int:
-    return 1 << (v - 1).bit_length()
-
-
-def _pow2_le(v: int) -> int:
-    return 1 << (v.bit_length() - 1)
-
-
-def _split(tiles: int, k: int, block_k: int, device: torch.device, programs_per_sm: int,
-           max_split: int = MAX_SPLIT) -> tuple[int, int]:
-    """(splits, K per split): split K while the tiles alone give fewer than ``programs_per_sm``
-    programs per SM, each split a whole number of K tiles, at most ``max_split``."""
-    k_steps = cdiv(k, block_k)
-    want = programs_per_sm * _sm_count(device.index if device.type == "cuda" else None)
-    split = max(1, min(max_split, k_steps, want // tiles)) if tiles < want else 1
-    k_per_split = cdiv(k_steps, split) * block_k
-    return cdiv(k, k_per_split), k_per_split
-
-
 _counters = alloc.tile_counters   # per device and stream, left at zero by every launch
-
-
-def split_fixup(config: tuple, bits: int = 4) -> bool:
-    """Whether a ``tile_config`` tuple reduces K splits in the kernel by default: ``SPLIT_FIXUP``,
-    or under ``problem.TUNED`` per kernel (``SPLIT_FIXUP_GEMV`` for the int4 GEMV kernel,
-    ``SPLIT_FIXUP_DOT`` with dot; int8's GEMV measured slower with it, session 4).
-
-    Example:
-        >>> gemv, dot = (1, 128, 128, False, 4, 3), (16, 64, 128, True, 4, 3)
-        >>> want = (True, False, False) if qproblem.TUNED else (False, False, False)
-        >>> (split_fixup(gemv), split_fixup(dot), split_fixup(gemv, bits=8)) == want
-        True
-    """
-    if not qproblem.TUNED:
-        return SPLIT_FIXUP
-    if config[3]:
-        return SPLIT_FIXUP_DOT
-    return SPLIT_FIXUP_GEMV and bits == 4
 
 
 def launch(call: LinearCall) -> torch.Tensor:
@@ -620,7 +420,7 @@ def launch(call: LinearCall) -> torch.Tensor:
     p = call.problem
     config = tile_config(p)
     swap = config[3] and _swapped(p)
-    join = DOT_JOIN and (swap or _unswapped_join(p))
+    join = swap or _unswapped_join(p)
     return launch_config(call, config, _programs_per_sm(config), join=join, swap=swap)
 
 
@@ -713,10 +513,8 @@ def supports_dequant_gemm(p: LinearProblem):
 
 
 def _not_dequant_gemm_reason(p: LinearProblem) -> str:
-    small = f", and not int4 at M 17..{qproblem.DEQUANT_SMALL_MAX_M} with N*K <= {qproblem.DEQUANT_SMALL_NK}" \
-        if p.tuned and p.dot_swap else ""
-    threshold = qproblem.DEQUANT_GEMM_MIN_M_TUNED if p.tuned else qproblem.DEQUANT_GEMM_MIN_M
-    return f"M={p.m} rows < {threshold}{small}: the Triton GEMM's (exact codes, no weight pass)"
+    small = f", and not int4 at M 17..{qproblem.DEQUANT_SMALL_MAX_M} with N*K <= {qproblem.DEQUANT_SMALL_NK}"
+    return f"M={p.m} rows < {qproblem.DEQUANT_GEMM_MIN_M}{small}: the Triton GEMM's (exact codes, no weight pass)"
 
 
 def supports_prefill(p: LinearProblem):
@@ -726,7 +524,7 @@ def supports_prefill(p: LinearProblem):
 VARIANTS = (
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
-     "M >= 256 (OPFORGE_QUANT_TUNED=0: 1024), tuned also int4 M 17..64 with N*K <= 8*2**20: weight dequantized "
+     "M >= 256, also int4 M 17..64 with N*K <= 8*2**20: weight dequantized "
      "to x's dtype in one pass, then cuBLAS"),
     ("prefill", supports_prefill, launch, "M > 16: codes fed to tl.dot per group tile, scale/zero per group"),
 )

@@ -54,9 +54,7 @@ def _problem_builder(op: str):
 
 
 def _register() -> None:
-    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),
-                ("metal", dispatch.optional_variants(__name__, "metal"))]
-    dispatch.register_family(OPS, backends, _torch_launch,
+    dispatch.register_family(OPS, dispatch.kernel_tables(__name__), _torch_launch,
                              "torch composite ops, float32 compute (float64 for float64 inputs)", _problem_builder)
 
 
@@ -232,6 +230,7 @@ def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
     return out
 
 
+fakes.bind(rotary_embedding=rotary_embedding, rotary_kv_cache_append=rotary_kv_cache_append)
 _register()
 
 __all__ = ["rotary_embedding", "kv_cache_append", "rotary_kv_cache_append"]

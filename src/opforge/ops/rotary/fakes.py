@@ -8,7 +8,7 @@ written inputs, and the rest to the functional op.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -33,20 +33,25 @@ def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
     return q.new_empty(q.shape)
 
 
-def _public():
-    from .. import rotary  # the package's public functions (this module is imported before they exist)
-    return rotary
+#: The family's public functions, handed over by the package once they exist (``bind``): the
+#: custom ops run their ``.eager`` form.
+_public: dict[str, Any] = {}
+
+
+def bind(**functions: Any) -> None:
+    """Give this module the family's public functions (the package calls it after defining them)."""
+    _public.update(functions)
 
 
 def _rotary_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     positions: torch.Tensor, interleaved: bool) -> None:
-    _public().rotary_embedding.eager(q, k, cos, sin, positions, interleaved=interleaved, inplace=True)
+    _public["rotary_embedding"].eager(q, k, cos, sin, positions, interleaved=interleaved, inplace=True)
 
 
 def _fused_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, cache_seqlens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    positions: Optional[torch.Tensor], interleaved: bool, check: Optional[bool]) -> None:
-    _public().rotary_kv_cache_append.eager(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions,
+    _public["rotary_kv_cache_append"].eager(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions,
                                            interleaved=interleaved, inplace=True, check=check)
 
 

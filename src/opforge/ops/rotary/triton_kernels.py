@@ -24,9 +24,10 @@ import triton
 import triton.language as tl
 
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
+from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import AppendCall, FusedCall, RotaryCall, RotaryProblem
-from ...runtime import alloc, pdl, plans
+from ...runtime import alloc, plans
+from ...runtime.triton import pdl
 from ...runtime.lru import LRU
 
 TILE = 4096          # elements per (heads x features) tile of one program

@@ -18,9 +18,7 @@ def _torch_launch(call: SoftmaxCall) -> torch.Tensor:
 
 
 def _register() -> None:
-    backends = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
-                ("metal", dispatch.optional_variants(__name__, "metal"))]
-    dispatch.register_family(OPS, backends, _torch_launch,
+    dispatch.register_family(OPS, dispatch.kernel_tables(__name__), _torch_launch,
                              "torch composite ops, float32 accumulation (float64 for float64 inputs)", _problem_builder)
 
 

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
+from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
 from .problem import MAX_ROWS, PLANS, SoftmaxCall, SoftmaxProblem
 
 MULTIROW_MAX_N = 1024
