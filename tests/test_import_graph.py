@@ -9,10 +9,8 @@ import opforge
 
 SRC = Path(opforge.__file__).resolve().parent
 
-#: Cycles through the model runner's package (its decoder and generate loop), whose split
-#: belongs to the serving engine's layout; remove this entry when that lands.
-KNOWN = {frozenset({"opforge", "opforge.models", "opforge.models.decoder", "opforge.models.generate",
-                    "opforge.models.loader", "opforge.models.patch"})}
+#: Cycles allowed: none.
+KNOWN: set[frozenset[str]] = set()
 
 
 def module_names() -> dict[str, Path]:

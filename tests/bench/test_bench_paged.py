@@ -1,4 +1,4 @@
-"""The paged entries of the attention suite run end to end on the CPU with small shapes: every
+"""The paged suite's entries run end to end on the CPU with small shapes: every
 implementation correct against the float64 oracle, and the paged targets judged."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SMALL = {"paged_decode": (2, 4, 2, 64, 32, 16), "paged_prefill": (2, 4, 2, 32, 1
 
 @pytest.mark.parametrize("op", sorted(SMALL))
 def test_paged_entry_runs_and_is_judged(op, tiny_timing, cpu):
-    opts = RunOptions(device=cpu, suites=["attention"], ops=[op], shapes=[SMALL[op]], timing=tiny_timing,
+    opts = RunOptions(device=cpu, suites=["paged"], ops=[op], shapes=[SMALL[op]], timing=tiny_timing,
                       impls=[OPFORGE, CONTIGUOUS])
     result = Runner(opts).run()
     (suite,) = result.suites

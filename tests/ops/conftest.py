@@ -43,23 +43,6 @@ def launch_log(monkeypatch):
     return log, lambda launchers: record_launches(monkeypatch, launchers, log)
 
 
-@pytest.fixture
-def emulate(monkeypatch):
-    """Run Metal kernels on CPU tensors through the MSL emulator (tests/metal_emu) for this test."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import metal_emu
-    from opforge.runtime import metal as metal_runtime, registry
-    if not metal_emu.available():
-        pytest.skip("the Metal emulator needs g++ (C++20)")
-    metal_runtime.set_emulator(metal_emu.compile_shader)
-    monkeypatch.setenv("OPFORGE_METAL_EMULATE", "1")
-    registry.clear_cache()
-    yield metal_emu
-    registry.clear_cache()
-
-
 #: Every backend a test can run here: the torch path and Triton (on the GPU, or in the interpreter
 #: without one), and Metal in the MSL emulator (marked ``emulator``: scripts/gpu_test.sh leaves it out).
 EVERY_BACKEND = [pytest.param("torch"), pytest.param("triton"),

@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise _UsageError("run --suite model on its own")
             from opforge.bench.suites.model import main as model_main
             return model_main(args)
-        if "serve" in (_split(args.suite) or []):      # the serving engine on workloads, not an op table
-            if _split(args.suite) != ["serve"]:
+        if "serve" in (split_list(args.suite) or []):      # the serving engine on workloads, not an op table
+            if split_list(args.suite) != ["serve"]:
                 raise _UsageError("run --suite serve on its own")
             from opforge.bench.suites.serve import main as serve_main
             return serve_main(args)

@@ -98,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.prompt and not args.prompt_ids:
         return _fail("give a prompt: --prompt TEXT (with the `tokenizers` package and the model's tokenizer) "
                      "or --prompt-ids 1,2,3")
-    import opforge
+    from .. import api as opforge
     try:
         opforge.device_config(args.device)
     except (ValueError, RuntimeError) as exc:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-import opforge
+from .. import api as opforge
 
 from .config import ModelConfig, rope_tables
 from .generate import GenerationStats, generate, last_stats

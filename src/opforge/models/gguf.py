@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-import opforge
+from .. import api as opforge
 from opforge.io.errors import GGUFError
 from opforge.io.gguf import GGUFFile, decode_tensor, open_gguf
 from opforge.io.gguf_tokenizer import TokenizerMetadataError, chat_template_from_metadata, tokenizer_from_metadata

@@ -9,7 +9,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-import opforge
+from .. import api as opforge
 
 from .config import UnsupportedModelError, parse_config
 from .decoder import Decoder, Layer

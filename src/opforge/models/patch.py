@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-import opforge
+from .. import api as opforge
 
 _GATED_FAMILIES = ("Llama", "Mistral", "Qwen2", "Qwen3")
 _TANH_GELU = ("NewGELUActivation", "GELUTanh", "GELUPytorchTanh", "PytorchGELUTanh", "FastGELUActivation")

@@ -37,6 +37,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ..fmt import split_list
 from .model_grid import _config, _first_line, sync
 
 SHAPES = ("tiny", "1b", "8b")
@@ -347,10 +348,9 @@ def _line(row: dict[str, Any]) -> str:
 def main(args: Any) -> int:
     """Entry from ``opforge bench --suite serve`` (--shapes, --dtypes as precisions, --ops as
     workloads, --impls, --device, --quick, --json)."""
-    from opforge.bench.cli import _split as split
     try:
-        result = run_serve_suite(split(args.shapes) or None, args.device, split(args.dtypes) or None,
-                                 split(args.ops) or None, split(args.impls) or None, args.quick, args.json)
+        result = run_serve_suite(split_list(args.shapes), args.device, split_list(args.dtypes),
+                                 split_list(args.ops), split_list(args.impls), args.quick, args.json)
     except ValueError as exc:
         print(f"opforge bench: error: {exc}", file=sys.stderr)
         return 2

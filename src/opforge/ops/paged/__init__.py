@@ -69,8 +69,7 @@ def _problem_builder(op: str):
 
 
 def _register() -> None:
-    tables = [("triton", dispatch.optional_variants(__name__, "triton_kernels")),  # None without triton
-              ("metal", dispatch.optional_variants(__name__, "metal"))]
+    tables = dispatch.kernel_tables(__name__)   # per backend: a table per op, None where not importable
     for op in OPS:
         dispatch.register_family((op,), [(name, None if table is None else table.get(op, ()))
                                          for name, table in tables], _torch_launch,
@@ -269,5 +268,6 @@ def paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tenso
 
 
 _register()
+fakes.bind(paged_rotary_kv_cache_append=paged_rotary_kv_cache_append)
 
 __all__ = ["paged_kv_cache_append", "paged_rotary_kv_cache_append", "paged_attention"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from ...runtime.launch import cdiv, next_power_of_2
+from ...runtime.triton.launch import cdiv, next_power_of_2
 
 MAX_SPLITS = 128             # decode: at most this many slices of one sequence
 PROGRAMS_PER_SM = 1          # decode: split programs aimed for per SM

@@ -7,7 +7,7 @@ The appends write the page pools: ops that declare them mutated. ``inplace=True`
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -34,16 +34,21 @@ def paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tenso
     return q.new_empty(q.shape[:2] + v_pages.shape[3:])
 
 
-def _public():
-    from .. import paged  # the package's public functions (this module is imported before they exist)
-    return paged
+#: The family's public functions, handed over by the package once they exist (``bind``): the
+#: custom ops run their ``.eager`` form.
+_public: dict[str, Any] = {}
+
+
+def bind(**functions: Any) -> None:
+    """Give this module the family's public functions (the package calls it after defining them)."""
+    _public.update(functions)
 
 
 def _rotary_append_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pages: torch.Tensor,
                            v_pages: torch.Tensor, block_tables: torch.Tensor, cache_seqlens: torch.Tensor,
                            cu_seqlens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            positions: Optional[torch.Tensor], interleaved: bool, check: Optional[bool]) -> None:
-    _public().paged_rotary_kv_cache_append.eager(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens,
+    _public["paged_rotary_kv_cache_append"].eager(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens,
                                                  cos, sin, positions, interleaved=interleaved, inplace=True,
                                                  check=check)
 

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from ...runtime import alloc
-from ...runtime import metal as metal_runtime
+from ...runtime.metal import library as metal_runtime
 from ...runtime.errors import kernel_dtype_reason
 from .problem import MAX_DECODE_QUERIES, AppendCall, AttentionCall, PagedProblem, RotaryAppendCall
 

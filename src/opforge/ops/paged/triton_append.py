@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ...runtime import alloc, pdl
-from ...runtime.launch import TritonLauncher, cdiv, next_power_of_2
+from ...runtime.triton.launch import TritonLauncher, cdiv, next_power_of_2
 from . import config
 from .problem import AppendCall, RotaryAppendCall
 

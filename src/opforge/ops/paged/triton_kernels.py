@@ -42,7 +42,7 @@ import triton.language as tl
 from ...runtime import alloc, pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.launch import TritonLauncher, cdiv
+from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import config
 from .problem import MAX_DECODE_QUERIES, AttentionCall, PagedProblem
 from .triton_append import launch_append, launch_rotary_append

@@ -1,5 +1,5 @@
-"""The paged-cache ops as benchmark entries of the ``attention`` suite, against opforge's own
-kernels on the contiguous cache (the ``opforge-contiguous`` implementation).
+"""The ``paged`` suite: the paged-cache ops against opforge's own kernels on the contiguous cache
+(the ``opforge-contiguous`` implementation).
 
 Shapes (bf16 by default; block placement shuffled across the pool, as a server's pool is):
 
@@ -24,8 +24,8 @@ from typing import Any, Callable
 import torch
 
 from opforge.bench.results import CaseResult
-from opforge.bench.spec import CONTIGUOUS, OPFORGE, BuildContext, Inputs, OpSpec, Shape, SuiteEntry, Target, \
-    register_op
+from opforge.bench.spec import CONTIGUOUS, OPFORGE, BuildContext, Inputs, OpSpec, Shape, Suite, SuiteEntry, Target, \
+    register_op, register_suite
 
 DECODE_SHAPES = ((1, 32, 8, 1024, 128, 16), (1, 32, 8, 8192, 128, 16), (1, 32, 8, 32768, 128, 16),
                  (8, 32, 8, 8192, 128, 16), (8, 32, 8, 32768, 128, 16), (32, 32, 8, 1024, 128, 16),
@@ -204,3 +204,10 @@ def _append_bandwidth() -> Target:
 
 TARGETS = [_versus_contiguous("paged_decode", DECODE_GOAL), _versus_contiguous("paged_prefill", PREFILL_GOAL),
            _append_bandwidth()]
+
+
+PAGED_SUITE = register_suite(Suite(
+    name="paged",
+    description="paged decode (B,Hq,Hkv,ctx,D,block) / prefill (B,Hq,Hkv,prefix,chunk,D,block) bf16 vs opforge on "
+                "the contiguous cache; append (B,chunk,Hkv,D,block) vs copy bandwidth",
+    entries=ENTRIES, impls=(OPFORGE, CONTIGUOUS), metric="gpu_us", targets=TARGETS))
