@@ -83,6 +83,8 @@ def _list() -> None:
         print(f"  {name:8s} {s.description} [{ops}]", file=out)
     print("  model    a decoder end to end: decode b1/8/32 x ctx 512/4096, prefill 1x2048/8x512, bf16/int8/int4, "
           "transformers peers (--shapes 1b,8b, --budget S)", file=out)
+    print("  torch_path_decode  CPU: SmolLM2-135M greedy decode, opforge generate vs transformers eager, float32",
+          file=out)
     print("ops: " + ", ".join(op_names()), file=out)
     print("implementations: " + ", ".join(IMPL_ORDER), file=out)
 
@@ -179,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise _UsageError("run --suite model on its own")
             from opforge.bench.suites.model import main as model_main
             return model_main(args)
+        if "torch_path_decode" in (_split(args.suite) or []):  # the CPU decode, end to end
+            if _split(args.suite) != ["torch_path_decode"]:
+                raise _UsageError("run --suite torch_path_decode on its own")
+            from opforge.bench.suites.cpu_decode import main as decode_main
+            return decode_main(args)
         _check_out_path(args.json, "--json")
         _check_out_path(args.markdown, "--markdown")
         _check_out_path(args.plot, "--plot", (".png", ".svg", ".pdf"))

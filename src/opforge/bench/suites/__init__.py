@@ -3,3 +3,4 @@
 from opforge.bench.suites import norm, softmax_act, standard  # noqa: F401
 from opforge.bench.suites import attention  # noqa: F401
 from opforge.bench.suites import quant  # noqa: F401
+from opforge.bench.suites import torch_path  # noqa: F401
