@@ -136,8 +136,8 @@ def _fast_rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor
 
 
 def _rows(table: torch.Tensor, positions: torch.Tensor, batch: int) -> torch.Tensor:
-    """table[positions] as (B, 1, S, R/2) for checked positions (B, S) or (S,)."""
-    rows = table[positions.long()]
+    """table[positions] as (B, 1, S, R/2) for checked positions (B, S) or (S,) (int32 or int64)."""
+    rows = table.index_select(0, positions.reshape(-1)).view(positions.shape + table.shape[1:])
     if rows.dim() == 2:
         rows = rows.expand(batch, -1, -1)
     return rows.unsqueeze(1)
