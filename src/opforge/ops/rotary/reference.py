@@ -163,8 +163,9 @@ def fast_rotary_embedding(q, k, cos, sin, positions, interleaved=False, inplace=
     return q_out, k_out
 
 
-def fast_kv_cache_append(k_cache, v_cache, k, v, cache_seqlens) -> None:
-    """``kv_cache_append`` for lengths (a CPU tensor) whose new positions fit the caches.
+def fast_kv_cache_append(k_cache, v_cache, k, v, cache_seqlens, lengths=None) -> None:
+    """``kv_cache_append`` for lengths (a CPU tensor; ``lengths``: its values when already read)
+    whose new positions fit the caches.
 
     Example:
         >>> import torch
@@ -173,7 +174,8 @@ def fast_kv_cache_append(k_cache, v_cache, k, v, cache_seqlens) -> None:
         >>> kc[:, 0, :, 0].tolist()
         [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
     """
-    lengths = cache_seqlens.tolist()
+    if lengths is None:
+        lengths = cache_seqlens.tolist()
     if not lengths:
         return
     s_new = k.shape[2]
@@ -204,15 +206,21 @@ def fast_rotary_kv_cache_append(q, k, v, k_cache, v_cache, cache_seqlens, cos, s
         >>> torch.allclose(q2, rotate(q, cos, sin, lens.view(1, 1))) and torch.equal(vc[:, :, 3:4], v)
         True
     """
-    if positions is None:
-        positions = cache_seqlens.view(-1, 1) + torch.arange(q.shape[2], dtype=cache_seqlens.dtype).view(1, -1)
-    c, s = _rows(cos, positions, q.shape[0]), _rows(sin, positions, q.shape[0])
+    lengths = cache_seqlens.tolist()
+    if positions is None and lengths and all(n == lengths[0] for n in lengths):
+        # one length for the batch (decode of one sequence): the rows are a slice of the tables,
+        # (S, R/2), broadcast over batch and heads
+        c, s = cos[lengths[0]:lengths[0] + q.shape[2]], sin[lengths[0]:lengths[0] + q.shape[2]]
+    else:
+        if positions is None:
+            positions = cache_seqlens.view(-1, 1) + torch.arange(q.shape[2], dtype=cache_seqlens.dtype).view(1, -1)
+        c, s = _rows(cos, positions, q.shape[0]), _rows(sin, positions, q.shape[0])
     if not interleaved and 2 * c.shape[-1] == q.shape[-1]:   # Llama & co: both tensors in 3 ops each
         c, s = torch.cat((c, c), dim=-1), torch.cat((-s, s), dim=-1)
         q_out, k_out = _fast_rotate_half(q, c, s), _fast_rotate_half(k, c, s)
     else:
         q_out, k_out = _fast_rotate(q, c, s, interleaved), _fast_rotate(k, c, s, interleaved)
-    fast_kv_cache_append(k_cache, v_cache, k_out, v, cache_seqlens)
+    fast_kv_cache_append(k_cache, v_cache, k_out, v, cache_seqlens, lengths)
     if inplace:
         q.copy_(q_out)
         return q
