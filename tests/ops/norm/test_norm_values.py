@@ -85,10 +85,9 @@ def test_float32_weights_with_half_x(op, dtype):
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 @pytest.mark.parametrize("offset", [1e3, 1e4])
 @pytest.mark.parametrize("n", [77, 1500, 20000])
-@pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_large_mean_small_spread_has_no_cancellation(op, offset, n, backend, shift_sample):
     # E[x^2] - E[x]^2 would lose every digit here; a rounded mean alone would cost ~offset * 2^-24.
-    # (The torch path rounds as F.layer_norm in float32: tests/ops/norm/test_norm_torch_path.py.)
     case = cases.make_case(op, (2, n), torch.float32, offset=offset)
     _, out, ref, _ = run_case(case, backend)
     assert max_rel_error(out, ref) < 1e-6
