@@ -82,6 +82,8 @@ def _list() -> None:
           "transformers peers (--shapes 1b,8b, --budget S)", file=out)
     print("  serve    the serving engine offline: ragged-64/256, shared-prefix (with and without prefix caching), "
           "batch1; peers static generate, transformers generate_batch (--ops WORKLOADS, --impls, --quick)", file=out)
+    print("  torch_path_decode  CPU: SmolLM2-135M greedy decode, opforge generate vs transformers eager, float32",
+          file=out)
     print("ops: " + ", ".join(op_names()), file=out)
     print("implementations: " + ", ".join(IMPL_ORDER), file=out)
 
@@ -183,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise _UsageError("run --suite serve on its own")
             from opforge.bench.suites.serve import main as serve_main
             return serve_main(args)
+        if "torch_path_decode" in (split_list(args.suite) or []):  # the CPU decode, end to end
+            if split_list(args.suite) != ["torch_path_decode"]:
+                raise _UsageError("run --suite torch_path_decode on its own")
+            from opforge.bench.suites.cpu_decode import main as decode_main
+            return decode_main(args)
         _check_out_path(args.json, "--json")
         _check_out_path(args.markdown, "--markdown")
         _check_out_path(args.plot, "--plot", (".png", ".svg", ".pdf"))

@@ -18,9 +18,16 @@ from ...runtime.compile_support import compiled
 from . import fakes, reference
 from .problem import OPS, PLANS, ActivationCall, prepare, signature
 
+_Tensor = torch.Tensor
+
 
 def _torch_launch(call: ActivationCall) -> torch.Tensor:
-    return reference.run(call.problem.op, call.x, call.up, call.approximate)
+    p = call.problem
+    if call.signature is not None and p.device_type == "cpu" and p.dtype != torch.float64:
+        # On a CPU tensor the torch path is the native one: a call of the same signature goes
+        # straight to PyTorch's function.
+        PLANS.offer(call.signature, reference.fast_function(p.op, call.approximate), "torch")
+    return reference.run(p.op, call.x, call.up, call.approximate)
 
 
 def _register() -> None:
@@ -63,7 +70,7 @@ def _run(op: str, x: torch.Tensor, up: Optional[torch.Tensor], approximate: Opti
 def _symbolic(*tensors: object):
     """The first of ``tensors`` that is a fusion compiler's symbolic tensor, or None."""
     for t in tensors:
-        if getattr(t, "_opforge_symbolic_", False):
+        if type(t) is not _Tensor and getattr(t, "_opforge_symbolic_", False):
             return t
     return None
 
@@ -92,7 +99,7 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
         ...                torch.nn.functional.gelu(x, approximate="tanh"), atol=1e-6)
         True
     """
-    if getattr(x, "_opforge_symbolic_", False):
+    if type(x) is not _Tensor and getattr(x, "_opforge_symbolic_", False):
         return x._opforge_apply_("gelu", (x,), {"approximate": approximate})
     return _run("gelu", x, None, approximate)
 
@@ -109,7 +116,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
         >>> torch.allclose(opforge.silu(x), torch.nn.functional.silu(x), atol=1e-6)
         True
     """
-    if getattr(x, "_opforge_symbolic_", False):
+    if type(x) is not _Tensor and getattr(x, "_opforge_symbolic_", False):
         return x._opforge_apply_("silu", (x,), {})
     return _run("silu", x, None, None)
 
@@ -125,7 +132,7 @@ def relu(x: torch.Tensor) -> torch.Tensor:
         >>> opforge.relu(torch.tensor([-1.0, 0.5])).tolist()
         [0.0, 0.5]
     """
-    if getattr(x, "_opforge_symbolic_", False):
+    if type(x) is not _Tensor and getattr(x, "_opforge_symbolic_", False):
         return x._opforge_apply_("relu", (x,), {})
     return _run("relu", x, None, None)
 

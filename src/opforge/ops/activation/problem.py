@@ -75,8 +75,10 @@ PLANS = PlanCache()
 
 def signature(op: str, x: object, up: object, approximate: object) -> Optional[tuple]:
     """What a launch plan of this call depends on: op, ``approximate``, x's shape, dtype and device
-    (up must match them); None unless every tensor is packed (a plan passes only pointers) and
-    ``approximate`` is a string or None.
+    (up must match them); None unless every tensor is packed (a kernel's plan passes only
+    pointers) and ``approximate`` is a string or None. On the CPU, where plans call torch's own
+    functions, strided inputs (the two halves of a fused gate|up projection) have a signature
+    too, with their strides.
 
     Example:
         >>> x = torch.randn(4, 64)
@@ -84,16 +86,21 @@ def signature(op: str, x: object, up: object, approximate: object) -> Optional[t
         True
         >>> signature("swiglu", x, x.t(), None) is None
         True
+        >>> h = torch.randn(4, 128)
+        >>> signature("swiglu", h[:, :64], h[:, 64:], None)[-2:]
+        ((128, 1), (128, 1))
     """
     if approximate is not None and type(approximate) is not str:
         return None
     try:
-        if not x.is_contiguous():
+        packed = x.is_contiguous() and (up is None or up.is_contiguous())
+        if up is not None and not (up.shape == x.shape and up.dtype == x.dtype and up.device == x.device):
             return None
-        if up is not None and not (up.is_contiguous() and up.shape == x.shape and up.dtype == x.dtype
-                                   and up.device == x.device):
+        if packed:
+            return (op, approximate, x.shape, x.dtype, x.device)
+        if x.device.type != "cpu":
             return None
-        return (op, approximate, x.shape, x.dtype, x.device)
+        return (op, approximate, x.shape, x.dtype, x.device, x.stride(), None if up is None else up.stride())
     except AttributeError:
         return None
 

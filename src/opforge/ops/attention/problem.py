@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ...runtime.errors import check_float_tensor
+from ...runtime.lru import LRU
 from ...runtime.problem import ProblemRecord
 
 OPS = ("attention", "decode_attention")
@@ -84,6 +85,17 @@ class DecodeCall:
         self.cache_seqlens, self.scale, self.note = cache_seqlens, scale, note
 
 
+_problems: LRU[tuple, AttentionProblem] = LRU(4096, "attention.problems")
+
+
+def _problem(*fields) -> AttentionProblem:
+    """Problems are interned for the hot path (a frozen dataclass costs microseconds to build)."""
+    problem = _problems.get(fields)
+    if problem is None:
+        problem = _problems[fields] = AttentionProblem(*fields)
+    return problem
+
+
 def _check_tensor(name: str, t: object) -> torch.Tensor:
     check_float_tensor(name, t)
     if t.dim() != 4:
@@ -104,6 +116,13 @@ def _check_scale(scale: object, head_dim: int) -> float:
 
 def _check_pair(q: torch.Tensor, names: tuple[str, str, str], k: torch.Tensor, v: torch.Tensor) -> None:
     """Shapes, dtypes and devices of q against a key/value pair (prefill k/v or decode caches)."""
+    qs, ks, vs = q.shape, k.shape, v.shape
+    dtype = q.dtype
+    if k.dtype == dtype and v.dtype == dtype and ks[0] == qs[0] == vs[0] and ks[3] == qs[3] == vs[3] \
+            and ks[1] == vs[1] and ks[2] == vs[2] and ks[1] and qs[1] % ks[1] == 0:
+        device = q.device
+        if k.device == device and v.device == device:
+            return  # the common case in a few reads; otherwise the checks below name what is wrong
     qn, kn, vn = names
     for name, t in ((kn, k), (vn, v)):
         if t.device != q.device:
@@ -146,7 +165,7 @@ def prepare_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     b, hq, sq, d = q.shape
     scale = _check_scale(scale, d)
-    problem = AttentionProblem("attention", q.dtype, b, hq, k.shape[1], sq, k.shape[2], d, causal, q.device.type)
+    problem = _problem("attention", q.dtype, b, hq, k.shape[1], sq, k.shape[2], d, causal, q.device.type)
     (q, nq), (k, nk), (v, nv) = in_place("q", q), in_place("k", k), in_place("v", v)
     return AttentionCall(problem, q, k, v, scale, causal, _join((nq, nk, nv)))
 
@@ -164,9 +183,10 @@ def check_cache_seqlens(cache_seqlens: torch.Tensor, s_max: int) -> None:
         ...
         ValueError: cache_seqlens must lie in [0, S_max=8]; got values in [9, 9]
     """
-    if cache_seqlens.numel() == 0:
+    values = cache_seqlens.tolist()  # one copy to the host (two reductions cost more on the CPU)
+    if not values:
         return
-    lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+    lo, hi = min(values), max(values)
     if lo < 0 or hi > s_max:
         raise ValueError(f"cache_seqlens must lie in [0, S_max={s_max}]; got values in [{lo}, {hi}]")
 
@@ -205,7 +225,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if _check_values_here(cache_seqlens):
         check_cache_seqlens(cache_seqlens, s_max)
     scale = _check_scale(scale, d)
-    problem = AttentionProblem("decode_attention", q.dtype, b, hq, k_cache.shape[1], sq, s_max, d, True,
+    problem = _problem("decode_attention", q.dtype, b, hq, k_cache.shape[1], sq, s_max, d, True,
                                q.device.type)
     (q, nq), (k, nk), (v, nv) = in_place("q", q), in_place("k_cache", k_cache), in_place("v_cache", v_cache)
     if not cache_seqlens.is_contiguous():

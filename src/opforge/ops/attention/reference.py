@@ -1,15 +1,26 @@
 """The torch path for attention and decode_attention: the fallback everywhere and, in float64, the oracle.
 
-Composite torch ops: key/value heads are repeated for grouped-query attention, scores are
-computed and soft-maxed in float32 (float64 for float64 inputs) with the row maximum
-subtracted, and a query row that sees no key gives zeros. Call them on ``.double()`` tensors
-for the oracle. Nothing reads tensor values on the host, so the decode path stays capturable.
+Two forms:
+
+* the careful composites (``attention``, ``decode_attention``): key/value heads repeated for
+  grouped-query attention, scores computed and soft-maxed in float32 (float64 for float64
+  inputs) with the row maximum subtracted; a query row that sees no key gives zeros. Call them
+  on ``.double()`` tensors for the oracle. They read no tensor value on the host, so a decode
+  step stays capturable.
+* ``fast_attention`` / ``fast_decode_attention``: PyTorch's ``scaled_dot_product_attention``
+  with grouped heads, over the valid cache slots only (the lengths are read on the host when
+  they are CPU tensors); the torch path for float32 and half inputs (``run_attention``,
+  ``run_decode``).
+
+Either way a cache slot at or past a sequence's length never reaches the output: a NaN or inf
+there changes nothing.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -89,4 +100,63 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     i = torch.arange(sq, device=q.device)[:, None]
     j = torch.arange(s_max, device=q.device)[None, :]
     visible = j[None] <= (lens[:, None, None] - sq + i[None])      # (B, Sq, S_max)
-    return masked_attention(q, k_cache, v_cache, visible[:, None], scale)
+    # a masked score is replaced by -inf whatever k held; v of a slot past the length is zeroed
+    # so that 0 * NaN cannot reach the output
+    v_valid = torch.where((j < lens[:, None])[:, None, :, None], v_cache, 0)
+    return masked_attention(q, k_cache, v_valid, visible[:, None], scale)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool,
+          scale: float) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+def fast_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                   scale: Optional[float] = None) -> torch.Tensor:
+    """``attention`` through PyTorch's SDPA with grouped heads (no repeated k/v); the careful form
+    where some query row sees no key (no keys, or causal with Sq > Sk), which must give zeros.
+
+    Example:
+        >>> import torch
+        >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+        >>> torch.allclose(fast_attention(q, k, v, True), attention(q, k, v, True), atol=1e-5)
+        True
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    sq, sk = q.shape[2], k.shape[2]
+    if sk == 0 or (causal and sq > sk):
+        return attention(q, k, v, causal, scale)
+    if causal and sq != sk:  # SDPA's is_causal aligns the mask to the start of the keys
+        return _sdpa(q, k, v, causal_mask(sq, sk, q.device), False, scale)
+    return _sdpa(q, k, v, None, causal, scale)
+
+
+def fast_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          cache_seqlens: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
+    """``decode_attention`` through SDPA over the first ``max(cache_seqlens)`` slots only.
+
+    The lengths are read on the host where they are CPU tensors (free there); on another device
+    that would synchronize and defeat graph capture, so the careful form runs instead. Sequences
+    of unequal lengths, or fewer keys than queries, also take the careful form over the slots up
+    to the longest length.
+
+    Example:
+        >>> import torch
+        >>> q, kc, vc = torch.randn(1, 6, 1, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+        >>> kc[:, :, 5:] = float("nan")                 # slots past the length are never read
+        >>> out = fast_decode_attention(q, kc, vc, torch.tensor([5]))
+        >>> torch.allclose(out, attention(q, kc[:, :, :5], vc[:, :, :5]), atol=1e-5)
+        True
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if cache_seqlens.device.type != "cpu":
+        return decode_attention(q, k_cache, v_cache, cache_seqlens, scale)
+    sq, s_max = q.shape[2], k_cache.shape[2]
+    lengths = cache_seqlens.tolist()
+    longest = min(max(lengths), s_max)
+    k, v = k_cache[:, :, :longest], v_cache[:, :, :longest]
+    if min(lengths) < longest or longest < sq:
+        return decode_attention(q, k, v, cache_seqlens.clamp(0, longest), scale)
+    mask = None if sq == 1 else causal_mask(sq, longest, q.device)
+    return _sdpa(q, k, v, mask, False, scale)

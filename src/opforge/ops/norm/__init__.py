@@ -15,10 +15,29 @@ from . import fakes, reference
 from .problem import OPS, PLANS, NormCall, prepare, signature
 
 
+_INF = float("inf")
+
+
 def _torch_launch(call: NormCall):
-    return reference.run(call.problem.op, call.x.tensor.view(call.shape),
+    op = call.problem.op
+    p = call.problem
+    if call.signature is not None and p.device_type == "cpu" and p.dtype != torch.float64:
+        _offer_torch_plan(call.signature, reference.fast_function(
+            op, p.n, p.weight_dtype in (None, p.dtype) and p.bias_dtype in (None, p.dtype)))
+    return reference.run(op, call.x.tensor.view(call.shape),
                          None if call.residual is None else call.residual.tensor.view(call.shape),
                          call.weight, call.bias, call.eps)
+
+
+def _offer_torch_plan(sig: tuple, fast) -> None:
+    """On a CPU tensor the torch path is the native one: a call of the same signature (packed
+    tensors of the same shapes, dtypes and device) goes straight to PyTorch's fused norm."""
+    def plan(x, residual, weight, bias, eps):
+        if type(eps) is not float or not 0.0 <= eps < _INF:
+            return None  # the general path names the argument
+        return fast(x, residual, weight, bias, eps)
+
+    PLANS.offer(sig, plan, "torch")
 
 
 def _register() -> None:

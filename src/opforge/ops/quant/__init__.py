@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from ...runtime import alloc, dispatch, trace
 from ...runtime.compile_support import compiled
+from ...runtime.errors import FLOAT_DTYPES
 from . import fakes, reference
 from .problem import OPS, LinearCall, prepare
 from .weight import QuantizedWeight, quantize_weight
@@ -67,6 +68,24 @@ def _problem_builder(op: str):
         return prepare(x, w, bias).problem
 
     return build
+
+
+_Tensor = torch.Tensor
+_FLOATS = frozenset(FLOAT_DTYPES)
+
+
+def _cpu_dense(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``F.linear`` at once for the plain case on the CPU (x on w's device, one float dtype, a
+    2-D weight whose K matches, no bias or a matching one); None sends the call through
+    ``prepare``, which checks everything and names what is wrong."""
+    dtype = x.dtype
+    if w.dtype != dtype or dtype not in _FLOATS or w.dim() != 2 or x.dim() == 0 \
+            or x.shape[-1] != w.shape[1] or x.device != w.device:
+        return None
+    if bias is not None and not (type(bias) is _Tensor and bias.dtype == dtype and bias.dim() == 1
+                                 and bias.shape[0] == w.shape[0] and bias.device == w.device):
+        return None
+    return F.linear(x, w, bias)
 
 
 def _dense(call: LinearCall) -> torch.Tensor:
@@ -110,6 +129,10 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
         >>> torch.allclose(y, x @ qw.dequantize().T, rtol=1e-4, atol=1e-4)
         True
     """
+    if not trace._active and type(w) is _Tensor and type(x) is _Tensor and w.device.type == "cpu":
+        out = _cpu_dense(x, w, bias)
+        if out is not None:
+            return out
     call = prepare(x, w, bias)
     p = call.problem
     if p.dense:

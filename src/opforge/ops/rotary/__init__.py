@@ -30,6 +30,8 @@ def _remember(cache: LRU, sig, problem) -> None:
 
 
 def _torch_launch(call):
+    if call.problem.dtype != torch.float64 and call.problem.device_type == "cpu":
+        return _fast_launch(call)  # positions and lengths were checked on the host
     if isinstance(call, FusedCall):
         rot, app = call.rot, call.app
         return reference.rotary_kv_cache_append(rot.q, rot.k, app.v, app.k_cache, app.v_cache, app.cache_seqlens,
@@ -39,6 +41,18 @@ def _torch_launch(call):
         return reference.rotary_embedding(call.q, call.k, call.cos, call.sin, call.positions,
                                           call.problem.interleaved, call.inplace)
     return reference.kv_cache_append(call.k_cache, call.v_cache, call.k, call.v, call.cache_seqlens)
+
+
+def _fast_launch(call):
+    if isinstance(call, FusedCall):
+        rot, app = call.rot, call.app
+        return reference.fast_rotary_kv_cache_append(rot.q, rot.k, app.v, app.k_cache, app.v_cache,
+                                                     app.cache_seqlens, rot.cos, rot.sin, rot.positions,
+                                                     call.problem.interleaved, rot.inplace)
+    if isinstance(call, RotaryCall):
+        return reference.fast_rotary_embedding(call.q, call.k, call.cos, call.sin, call.positions,
+                                               call.problem.interleaved, call.inplace)
+    return reference.fast_kv_cache_append(call.k_cache, call.v_cache, call.k, call.v, call.cache_seqlens)
 
 
 def _problem_builder(op: str):
@@ -223,7 +237,9 @@ def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
     if check or device_type == "cpu":
         check_append_range(call.app)
         if positions is None and k.shape[2]:
-            check_table_range(cache_seqlens.to("cpu", torch.int64) + k.shape[2] - 1, cos.shape[0])
+            last = max(cache_seqlens.tolist(), default=0) + k.shape[2] - 1
+            if last >= cos.shape[0]:
+                raise IndexError(f"positions must be in [0, {cos.shape[0]}) (the rows of cos/sin), got {last}")
     out = dispatch.run("rotary_kv_cache_append", call, q)
     if problems is None:
         _remember(_valid_fused, sig, (call.rot.problem, call.app.problem))

@@ -136,7 +136,9 @@ def _problem(*fields) -> RotaryProblem:
 
 def check_table_range(positions: torch.Tensor, rows: int) -> None:
     """Raise ``IndexError`` unless every position is in ``[0, rows)`` (reads the values: host side)."""
-    lo, hi = int(positions.min()), int(positions.max())
+    if positions.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(positions))
     if lo < 0 or hi >= rows:
         bad = lo if lo < 0 else hi
         raise IndexError(f"positions must be in [0, {rows}) (the rows of cos/sin), got {bad}")
@@ -251,14 +253,14 @@ def check_append_range(call: AppendCall) -> None:
     Reads ``cache_seqlens`` on the host: a device synchronization on a GPU.
     """
     s_new, s_max = call.k.shape[2], call.k_cache.shape[2]
-    lens = call.cache_seqlens.to("cpu", torch.int64)
-    bad = ((lens < 0) | (lens + s_new > s_max)).nonzero()
-    if bad.numel():
-        i = int(bad[0, 0])
-        start = int(lens[i])
-        raise IndexError(f"kv_cache_append: sequence {i} would write positions {start}..{start + s_new - 1} "
-                         f"but the cache holds positions 0..{s_max - 1} (cache_seqlens[{i}] = {start}, "
-                         f"S_new = {s_new}, S_max = {s_max}); nothing was written")
+    lens = call.cache_seqlens.tolist()
+    if not lens or (min(lens) >= 0 and max(lens) + s_new <= s_max):
+        return
+    for i, start in enumerate(lens):
+        if start < 0 or start + s_new > s_max:
+            raise IndexError(f"kv_cache_append: sequence {i} would write positions {start}..{start + s_new - 1} "
+                             f"but the cache holds positions 0..{s_max - 1} (cache_seqlens[{i}] = {start}, "
+                             f"S_new = {s_new}, S_max = {s_max}); nothing was written")
 
 
 class FusedCall:

@@ -9,6 +9,11 @@ float64 inputs), returned in the input's dtype.
 
 A position outside the table ``[0, max_positions)`` gives zeros in the rotated features, as the
 GPU kernels do (the public function refuses such positions on CPU tensors before getting here).
+
+The ``fast_*`` forms are the torch path for float32 and half CPU tensors, whose positions and
+lengths the public functions have checked on the host: the table rows are indexed directly, the
+rotation is computed in float32 (the tables' dtype) and rounded once, and the caches are
+written by slice where every sequence has the same length (one indexed write otherwise).
 """
 from __future__ import annotations
 
@@ -96,6 +101,126 @@ def rotary_kv_cache_append(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, p
     ``cache_seqlens`` when the caller does not)."""
     q_out = rotate(q, cos, sin, positions, interleaved)
     kv_cache_append(k_cache, v_cache, rotate(k, cos, sin, positions, interleaved), v, cache_seqlens)
+    if inplace:
+        q.copy_(q_out)
+        return q
+    return q_out
+
+
+def _fast_rotate_half(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """Rotate-half over all D features in three ops: ``x * [c, c] + [x2, x1] * [-s, s]``, the
+    same products and sums as ``rotate`` (a negation is exact)."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos2, swapped, sin2).to(x.dtype)
+
+
+def _fast_rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """x (B, H, S, D) rotated by the angles' rows (B, 1, S, R/2), float32 math, x's dtype out."""
+    half = cos_rows.shape[-1]
+    r = 2 * half
+    xr = x[..., :r]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+    o1 = x1 * cos_rows - x2 * sin_rows
+    o2 = x2 * cos_rows + x1 * sin_rows
+    if interleaved:
+        rotated = torch.stack((o1, o2), dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat((o1, o2), dim=-1)
+    if r == x.shape[-1]:
+        return rotated.to(x.dtype)
+    return torch.cat((rotated.to(x.dtype), x[..., r:]), dim=-1)
+
+
+def _rows(table: torch.Tensor, positions: torch.Tensor, batch: int) -> torch.Tensor:
+    """table[positions] as (B, 1, S, R/2) for checked positions (B, S) or (S,) (int32 or int64)."""
+    rows = table.index_select(0, positions.reshape(-1)).view(positions.shape + table.shape[1:])
+    if rows.dim() == 2:
+        rows = rows.expand(batch, -1, -1)
+    return rows.unsqueeze(1)
+
+
+def fast_rotary_embedding(q, k, cos, sin, positions, interleaved=False, inplace=False):
+    """``rotary_embedding`` for positions known to lie in the tables.
+
+    Example:
+        >>> import torch
+        >>> q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
+        >>> cos, sin, pos = torch.rand(16, 4), torch.rand(16, 4), torch.tensor([2, 3, 9])
+        >>> all(torch.allclose(a, b) for a, b in zip(fast_rotary_embedding(q, k, cos, sin, pos),
+        ...                                             rotary_embedding(q, k, cos, sin, pos)))
+        True
+    """
+    c, s = _rows(cos, positions, q.shape[0]), _rows(sin, positions, q.shape[0])
+    q_out, k_out = _fast_rotate(q, c, s, interleaved), _fast_rotate(k, c, s, interleaved)
+    if inplace:
+        q.copy_(q_out)
+        k.copy_(k_out)
+        return q, k
+    return q_out, k_out
+
+
+def fast_kv_cache_append(k_cache, v_cache, k, v, cache_seqlens, lengths=None) -> None:
+    """``kv_cache_append`` for lengths (a CPU tensor; ``lengths``: its values when already read)
+    whose new positions fit the caches.
+
+    Example:
+        >>> import torch
+        >>> kc, vc = torch.zeros(2, 1, 4, 2), torch.zeros(2, 1, 4, 2)
+        >>> fast_kv_cache_append(kc, vc, torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2), torch.tensor([1, 3]))
+        >>> kc[:, 0, :, 0].tolist()
+        [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
+    """
+    if lengths is None:
+        lengths = cache_seqlens.tolist()
+    if not lengths:
+        return
+    s_new = k.shape[2]
+    start = lengths[0]
+    if all(n == start for n in lengths):
+        k_cache[:, :, start:start + s_new].copy_(k)
+        v_cache[:, :, start:start + s_new].copy_(v)
+        return
+    b = k.shape[0]
+    pos = cache_seqlens.long().view(b, 1) + torch.arange(s_new).view(1, s_new)     # (B, S_new)
+    rows = torch.arange(b).view(b, 1).expand(b, s_new)
+    # advanced indices on dims 0 and 2 with a slice between: indexed shape (B, S_new, H, D)
+    k_cache[rows, :, pos] = k.transpose(1, 2)
+    v_cache[rows, :, pos] = v.transpose(1, 2)
+
+
+def fast_rotary_kv_cache_append(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions=None,
+                                interleaved=False, inplace=False):
+    """``rotary_kv_cache_append`` for checked positions and lengths (CPU tensors); ``positions``
+    None means ``cache_seqlens[b] + s``.
+
+    Example:
+        >>> import torch
+        >>> q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+        >>> kc, vc = torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 6, 8)
+        >>> cos, sin, lens = torch.rand(16, 4), torch.rand(16, 4), torch.tensor([3])
+        >>> q2 = fast_rotary_kv_cache_append(q, k, v, kc, vc, lens, cos, sin)
+        >>> torch.allclose(q2, rotate(q, cos, sin, lens.view(1, 1))) and torch.equal(vc[:, :, 3:4], v)
+        True
+    """
+    lengths = cache_seqlens.tolist()
+    if positions is None and lengths and all(n == lengths[0] for n in lengths):
+        # one length for the batch (decode of one sequence): the rows are a slice of the tables,
+        # (S, R/2), broadcast over batch and heads
+        c, s = cos[lengths[0]:lengths[0] + q.shape[2]], sin[lengths[0]:lengths[0] + q.shape[2]]
+    else:
+        if positions is None:
+            positions = cache_seqlens.view(-1, 1) + torch.arange(q.shape[2], dtype=cache_seqlens.dtype).view(1, -1)
+        c, s = _rows(cos, positions, q.shape[0]), _rows(sin, positions, q.shape[0])
+    if not interleaved and 2 * c.shape[-1] == q.shape[-1]:   # Llama & co: both tensors in 3 ops each
+        c, s = torch.cat((c, c), dim=-1), torch.cat((-s, s), dim=-1)
+        q_out, k_out = _fast_rotate_half(q, c, s), _fast_rotate_half(k, c, s)
+    else:
+        q_out, k_out = _fast_rotate(q, c, s, interleaved), _fast_rotate(k, c, s, interleaved)
+    fast_kv_cache_append(k_cache, v_cache, k_out, v, cache_seqlens, lengths)
     if inplace:
         q.copy_(q_out)
         return q
