@@ -1,0 +1,93 @@
+"""Test support: a tiny checkpoint with a tokenizer and chat template, and a real uvicorn server
+on a free loopback port (in a thread, or as an ``opforge serve`` process)."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+import httpx
+import torch
+import uvicorn
+
+from opforge.models.testing import write_tiny_checkpoint
+from opforge.serve.api import ServerConfig, create_app
+from opforge.serve.chat_template import load_chat_template
+from opforge.serve.cli import build_engine
+
+from tiny_tokenizer import write_tokenizer
+
+MODEL = "tiny"
+MAX_MODEL_LEN = 96
+
+
+def model_dir() -> str:
+    """A tiny random Llama checkpoint with tokenizer.json and tokenizer_config.json (chat template)."""
+    return write_tokenizer(write_tiny_checkpoint())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadServer:
+    """``create_app`` served by uvicorn in a background thread; ``url`` once started."""
+
+    def __init__(self, directory: str, *, kv_blocks: int = 64, max_num_seqs: int = 32, **config: Any):
+        self.engine = build_engine(directory, device="cpu", dtype=torch.float32, max_model_len=MAX_MODEL_LEN,
+                                   kv_blocks=kv_blocks, max_num_seqs=max_num_seqs)
+        self.config = ServerConfig(model_name=MODEL, chat_template=load_chat_template(directory), **config)
+        self.app = create_app(self.engine, self.config)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "ThreadServer":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+def metric(url: str, name: str, headers: Optional[dict] = None) -> float:
+    """One sample's value from /metrics (``name`` may carry labels as Prometheus writes them)."""
+    text = httpx.get(f"{url}/metrics", headers=headers).text
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def start_process(directory: str, *args: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str]:
+    """``python -m opforge serve DIR --port P ...``; returns the process and its URL once ready."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "opforge", "serve", directory, "--port", str(port), "--device", "cpu",
+           "--dtype", "float32", "--kv-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN),
+           "--served-model-name", MODEL, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("opforge serve: http://"):
+            return proc, f"http://127.0.0.1:{port}"
+    proc.kill()
+    raise RuntimeError("opforge serve did not start:\n" + "".join(lines))
