@@ -40,17 +40,21 @@ def free_port() -> int:
 class ThreadServer:
     """``create_app`` served by uvicorn in a background thread; ``url`` once started."""
 
-    def __init__(self, directory: str, *, kv_blocks: int = 64, max_num_seqs: int = 32, **config: Any):
+    def __init__(self, directory: str, *, kv_blocks: int = 64, max_num_seqs: int = 32, start_engine: bool = True,
+                 **config: Any):
         self.engine = build_engine(directory, device="cpu", dtype=torch.float32, max_model_len=MAX_MODEL_LEN,
                                    kv_blocks=kv_blocks, max_num_seqs=max_num_seqs)
         self.config = ServerConfig(model_name=MODEL, chat_template=load_chat_template(directory), **config)
-        self.app = create_app(self.engine, self.config)
+        self.start_engine = start_engine     # False: the test starts it (requests wait until then)
+        self.app = create_app(self.engine, self.config, manage_engine=False)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "ThreadServer":
+        if self.start_engine:
+            self.engine.start()
         self.thread.start()
         deadline = time.monotonic() + 60
         while not self.server.started:
@@ -62,6 +66,7 @@ class ThreadServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(60)
+        self.engine.shutdown()
 
 
 def metric(url: str, name: str, headers: Optional[dict] = None) -> float:

@@ -160,7 +160,7 @@ class OpenAIServer:
             if len(prompt) != 1:
                 raise APIError(400, f"one prompt per request is supported, got {len(prompt)}", param="prompt")
             prompt = prompt[0]
-        ids = self._encode(prompt, "prompt", True) if isinstance(prompt, str) else list(prompt)
+        ids = self._encode(prompt, "prompt", True) if isinstance(prompt, str) and prompt else list(prompt)
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         return ids

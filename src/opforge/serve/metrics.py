@@ -12,7 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 #: Outcomes a request is counted under.
-OUTCOMES = ("stop", "length", "abort", "client_error", "unauthorized", "rejected", "server_error")
+OUTCOMES = ("stop", "length", "abort", "client_error", "unauthorized", "rejected")
+#: Endpoints requests are counted under.
+ENDPOINTS = ("completion", "chat", "models")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -62,6 +64,9 @@ class ServerMetrics:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("opforge_requests", "requests answered, by endpoint and outcome",
                                 ["endpoint", "outcome"], registry=r)
+        for endpoint in ENDPOINTS:          # every series exists from the start, at 0
+            for outcome in OUTCOMES:
+                self.requests.labels(endpoint, outcome)
         self.prompt_tokens = Counter("opforge_prompt_tokens", "prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("opforge_generation_tokens", "tokens generated", registry=r)
         self.ttft = Histogram("opforge_time_to_first_token_seconds", "from the request's arrival to its first token",
