@@ -77,8 +77,8 @@ def metric(url: str, name: str, headers: Optional[dict] = None) -> float:
     return float(m.group(1))
 
 
-def start_process(directory: str, *args: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str]:
-    """``python -m opforge serve DIR --port P ...``; returns the process and its URL once ready."""
+def start_process(directory: str, *args: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str, str]:
+    """``python -m opforge serve DIR --port P ...``; returns the process, its URL and its ready line."""
     port = free_port()
     cmd = [sys.executable, "-m", "opforge", "serve", directory, "--port", str(port), "--device", "cpu",
            "--dtype", "float32", "--kv-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN),
@@ -93,6 +93,7 @@ def start_process(directory: str, *args: str, env: Optional[dict] = None) -> tup
             break
         lines.append(line)
         if line.startswith("opforge serve: http://"):
-            return proc, f"http://127.0.0.1:{port}"
+            threading.Thread(target=proc.stdout.read, daemon=True).start()   # keep the pipe drained
+            return proc, f"http://127.0.0.1:{port}", line
     proc.kill()
     raise RuntimeError("opforge serve did not start:\n" + "".join(lines))
