@@ -21,7 +21,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .serve.cli import main as serve_main
         return serve_main(argv[1:])
     if argv and argv[0] == "bench-serve":
-        from .serve.loadgen import main as bench_serve_main
+        from .serve.bench_cli import main as bench_serve_main
         return bench_serve_main(argv[1:])
     if argv and argv[0] == "bench":
         from .bench.cli import main as bench_main

@@ -282,7 +282,7 @@ class OpenAIServer:
         async for out in stream:
             progress.add(out)
             reason = progress.finish_reason
-            if not out.new_text and reason is None:
+            if not out.new_text and not out.new_token_ids and reason is None:
                 continue
             if chat:
                 yield _sse(chat_chunk(p.request_id, created, model, content=out.new_text or None,
