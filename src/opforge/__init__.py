@@ -14,6 +14,7 @@ from .fusion import abs, cast, erf, exp, log, maximum, minimum, pow, rsqrt, sigm
 from .ops.activation import geglu, gelu, relu, silu, swiglu
 from .ops.delay import apply_delay, revert_delay
 from .ops.attention import attention, decode_attention
+from .ops.paged import paged_attention, paged_kv_cache_append, paged_rotary_kv_cache_append
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from .ops.quant import QuantizedWeight, linear, quantize_weight
 from .nn.quant import quantize_model
@@ -37,6 +38,7 @@ __all__ = [
     "softmax", "log_softmax", "gelu", "silu", "relu", "swiglu", "geglu",
     "rotary_embedding", "kv_cache_append", "rotary_kv_cache_append", "apply_delay", "revert_delay",
     "attention", "decode_attention",
+    "paged_kv_cache_append", "paged_rotary_kv_cache_append", "paged_attention",
     "device_info", "DeviceInfo", "explain", "trace", "backend", "strict",
     "NoKernelError", "InferenceOnlyError", "FallbackWarning", "nn",
     "device_config", "DeviceConfig", "models", "patch",

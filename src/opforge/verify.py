@@ -24,7 +24,9 @@ def _families():
     from .ops.quant import cases as quant_cases
     from .ops.rotary import cases as rotary_cases
     from .ops.delay import cases as delay_cases
-    return [norm_cases, softmax_cases, activation_cases, attention_cases, quant_cases, rotary_cases, delay_cases]
+    from .ops.paged import cases as paged_cases
+    return [norm_cases, softmax_cases, activation_cases, attention_cases, quant_cases, rotary_cases, delay_cases,
+            paged_cases]
 
 
 def _device_type() -> str:

@@ -35,6 +35,14 @@ class Layer:
     k_norm: Optional[torch.Tensor] = None
 
 
+@dataclass
+class PagedCache:
+    """The page pools of a paged KV cache: per layer one K and one V (num_blocks, block_size, Hkv, D)."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+
 class Decoder:
     """A loaded model: weights, rope tables, KV cache, and ``forward``/``prefill``/``decode_step``.
 
@@ -167,6 +175,64 @@ class Decoder:
                                                          scale=self.scale))
         logits = self.logits(self._run(tokens[:, None], attend)[:, 0])
         return logits.float() if float_logits else logits
+
+    # ---- one step over a paged cache (the serving engine's model call) -------------------------------
+    def paged_step(self, tokens: torch.Tensor, cache: "PagedCache", block_tables: torch.Tensor,
+                   cache_seqlens: torch.Tensor, cu_seqlens: torch.Tensor, max_query_len: int,
+                   logit_rows: torch.Tensor, float_logits: bool = True) -> torch.Tensor:
+        """One model call over the packed new tokens of a step: prefill chunks and decode tokens.
+
+        Sequence ``b`` owns tokens ``cu_seqlens[b]:cu_seqlens[b + 1]`` of ``tokens`` (T,); they go
+        to its positions ``cache_seqlens[b] + i`` (the positions filled before the call) in the
+        blocks ``block_tables[b]`` of ``cache``. Returns the logits of the rows ``logit_rows``
+        (R,) of the packed tokens, (R, V) float32 (or the model's dtype with ``float_logits=False``).
+        ``cache_seqlens`` is not advanced (the caller does it), so the step is a pure function of
+        its inputs and can be captured in a CUDA graph (with ``max_query_len`` fixed).
+
+        Example:
+            >>> import torch
+            >>> from opforge.models.testing import tiny_decoder
+            >>> model = tiny_decoder()
+            >>> cache = model.paged_cache(num_blocks=4, block_size=4)
+            >>> ids = torch.tensor([[5, 6, 7]])
+            >>> i32 = lambda *v: torch.tensor(v, dtype=torch.int32)
+            >>> logits = model.paged_step(ids[0], cache, i32([1]), i32(0), i32(0, 3), 3, torch.tensor([2]))
+            >>> torch.allclose(logits, model.forward(ids)[0, 2:], atol=1e-5)
+            True
+        """
+        c = self.config
+        t = tokens.shape[0]
+        total = cache_seqlens + (cu_seqlens[1:] - cu_seqlens[:-1])
+
+        def attend(i: int, layer: Layer, y: torch.Tensor) -> torch.Tensor:
+            qkv = opforge.linear(y, layer.qkv, layer.qkv_bias).view(t, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+            q, k, v = qkv.split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
+            if c.qk_norm:
+                q, k = opforge.rms_norm(q, layer.q_norm, c.rms_norm_eps), opforge.rms_norm(k, layer.k_norm, c.rms_norm_eps)
+            q = opforge.paged_rotary_kv_cache_append(q, k, v, cache.k[i], cache.v[i], block_tables, cache_seqlens,
+                                                     cu_seqlens, self.cos, self.sin, check=self._check)
+            out = opforge.paged_attention(q, cache.k[i], cache.v[i], block_tables, total, cu_seqlens,
+                                          max_query_len=max_query_len, scale=self.scale)
+            return opforge.linear(out.reshape(t, -1), layer.o)
+        logits = self.logits(self._run(tokens, attend)[logit_rows])
+        return logits.float() if float_logits else logits
+
+    def paged_cache(self, num_blocks: int, block_size: int) -> "PagedCache":
+        """Empty K and V page pools for ``paged_step``: per layer (num_blocks, block_size, Hkv, D).
+
+        Example:
+            >>> from opforge.models.testing import tiny_decoder
+            >>> tiny_decoder().paged_cache(8, 16).k[0].shape
+            torch.Size([8, 16, 2, 8])
+        """
+        shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        return PagedCache(k=[torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers],
+                          v=[torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers])
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V of one position over all layers."""
+        return 2 * len(self.layers) * self.config.num_kv_heads * self.config.head_dim * \
+            torch.empty((), dtype=self.dtype).element_size()
 
     def weight_bytes(self) -> int:
         """Bytes of every weight a decode step reads (for the bandwidth limit).

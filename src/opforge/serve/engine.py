@@ -1,0 +1,361 @@
+"""The serving engine: continuous batching of many requests over one model and a paged KV cache.
+
+Each step the scheduler picks the decode tokens of the running requests and prefill chunks of
+new ones (a token budget per step); one ``model.paged_step`` call computes them all; each request
+then samples its next token with its own parameters; finished requests give their blocks back.
+Decode-only steps replay CUDA graphs on CUDA; steps with prefill run eagerly (as everything does
+on CPU and MPS).
+
+The step loop runs in its own thread after ``start()``; ``add_request`` and ``abort`` may be
+called from any thread. Without ``start()``, ``step()`` runs one step in the caller's thread
+(what the offline ``LLM`` does).
+
+Example:
+    >>> from opforge.models.testing import tiny_decoder
+    >>> from opforge.serve import Engine, SamplingParams
+    >>> engine = Engine(tiny_decoder(), max_num_seqs=4, kv_blocks=16)
+    >>> stream = engine.add_request("r1", [1, 2, 3], SamplingParams(max_tokens=3))
+    >>> while engine.has_unfinished():
+    ...     _ = engine.step()
+    >>> [len(o.new_token_ids) for o in stream], engine.stats().blocks_used
+    ([1, 1, 1], 0)
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Optional, Union
+
+import torch
+
+from .graphs import DecodeGraphs
+from .kv_cache import SCRATCH_BLOCK, BlockManager
+from .sampling import SamplingParams, make_generator, sample_rows
+from .scheduler import FINISHED, Chunk, Scheduler, Sequence
+from .stream import EngineStats, RequestOutput, RequestStream
+from .tokenizer import Detokenizer, encode
+
+_FROM_MODEL = object()
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine's step loop stopped (shut down, or a step raised: the cause is chained)."""
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def kv_pool_blocks(model: Any, block_size: int, kv_memory_fraction: float, max_model_len: int,
+                   max_num_seqs: int) -> int:
+    """Blocks the KV cache gets by default: ``kv_memory_fraction`` of the device memory free now
+    (CUDA; MPS: of the recommended working set left), on CPU enough for ``max_num_seqs`` full-length
+    sequences capped at that fraction of the physical memory."""
+    per_block = model.kv_bytes_per_token() * block_size
+    device = model.device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free * kv_memory_fraction
+    elif device.type == "mps":
+        budget = (torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()) * kv_memory_fraction
+    else:
+        wanted = max_num_seqs * -(-max_model_len // block_size) * per_block
+        budget = min(wanted, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * kv_memory_fraction)
+    return int(budget // per_block)
+
+
+class Engine:
+    """Serve many requests at once on one loaded ``opforge.models`` model.
+
+    Args:
+        model: a model from ``opforge.models.load`` (its ``max_seq_len`` bounds ``max_model_len``).
+        max_num_seqs: requests running at once at most.
+        max_model_len: prompt + generated tokens at most per request (default: the model's
+            ``max_seq_len``).
+        block_size: positions per KV-cache block.
+        kv_memory_fraction: share of the free device memory the KV cache takes (see
+            ``kv_pool_blocks``); ignored with ``kv_blocks``.
+        kv_blocks: the KV cache's blocks, explicitly.
+        enable_prefix_caching: share the full blocks of equal prompt prefixes across requests.
+        max_num_batched_tokens: tokens per step at most (decode tokens + prefill chunks); default
+            ``max(2048, max_num_seqs)``.
+        cuda_graphs: on CUDA, replay decode-only steps from CUDA graphs.
+        tokenizer: a ``tokenizers.Tokenizer`` for string prompts, text and stop strings
+            (default: the model's ``tokenizer`` attribute, if any).
+    """
+
+    def __init__(self, model: Any, *, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
+                 block_size: int = 16, kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None,
+                 enable_prefix_caching: bool = True, max_num_batched_tokens: Optional[int] = None,
+                 cuda_graphs: bool = True, tokenizer: Any = _FROM_MODEL):
+        _positive_int("max_num_seqs", max_num_seqs)
+        _positive_int("block_size", block_size)
+        max_model_len = model.max_seq_len if max_model_len is None else _positive_int("max_model_len", max_model_len, 2)
+        if max_model_len > model.max_seq_len:
+            raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's max_seq_len ({model.max_seq_len}): "
+                             "load the model with a larger max_seq_len")
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(2048, max_num_seqs)
+        _positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        if isinstance(kv_memory_fraction, bool) or not isinstance(kv_memory_fraction, (int, float)) \
+                or not 0 < kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {kv_memory_fraction!r}")
+        if kv_blocks is None:
+            kv_blocks = kv_pool_blocks(model, block_size, kv_memory_fraction, max_model_len, max_num_seqs)
+            if kv_blocks < 1:
+                raise ValueError(f"kv_memory_fraction={kv_memory_fraction} leaves no memory for a KV-cache block")
+        _positive_int("kv_blocks", kv_blocks)
+        self.model, self.device = model, model.device
+        self.max_model_len, self.block_size, self.max_num_seqs = max_model_len, block_size, max_num_seqs
+        self.tokenizer = getattr(model, "tokenizer", None) if tokenizer is _FROM_MODEL else tokenizer
+        self.eos_token_ids = frozenset(model.config.eos_token_ids)
+        self.cache = BlockManager(kv_blocks + 1, block_size, enable_prefix_caching)    # + the scratch block
+        self.pages = model.paged_cache(kv_blocks + 1, block_size)
+        self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
+        self.max_blocks_per_seq = self.cache.blocks_for(max_model_len)
+        self._graphs = DecodeGraphs(model, self.pages, max_num_seqs, self.max_blocks_per_seq) \
+            if cuda_graphs and self.device.type == "cuda" else None
+        self._requests: dict[str, tuple[Sequence, RequestStream]] = {}
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+        self.error: Optional[BaseException] = None
+        self._steps, self._step_time = 0, 0.0
+
+    # ---- requests ------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt: Union[list[int], str]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: a string prompt needs a tokenizer, and the model has none "
+                                 "(pass token ids)")
+            ids = encode(self.tokenizer, prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt is empty: it needs at least one token")
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens, but max_model_len is {self.max_model_len} "
+                             "(the prompt must leave room for one new token)")
+        return ids
+
+    def add_request(self, request_id: str, prompt: Union[list[int], str], params: SamplingParams) -> RequestStream:
+        """Queue a request; returns its stream of ``RequestOutput``. Raises ``ValueError`` naming
+        the field for bad input, with nothing changed."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("params.stop: stop strings need a tokenizer, and the model has none")
+        ids = self._prompt_ids(prompt)
+        longest = min(len(ids) + params.max_tokens, self.max_model_len)
+        if self.cache.blocks_for(longest) > self.cache.usable_blocks:
+            raise ValueError(f"prompt + max_tokens: {longest} positions need {self.cache.blocks_for(longest)} "
+                             f"KV-cache blocks, the cache has {self.cache.usable_blocks} (kv_blocks)")
+        seq = Sequence(request_id, ids, params)
+        seq.generator = make_generator(params, self.device)
+        if self.tokenizer is not None:
+            seq.detokenizer = Detokenizer(self.tokenizer, ids)
+        stream = RequestStream(request_id, ids)
+        with self._lock:
+            if self.error is not None or self._stopping:
+                raise EngineStoppedError("the engine has stopped") from self.error
+            if request_id in self._requests:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self._requests[request_id] = (seq, stream)
+            self.scheduler.add(seq)
+            self._wake.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """End a request now ("abort") and free its blocks. ``KeyError`` for an unknown id."""
+        with self._lock:
+            if request_id not in self._requests:
+                raise KeyError(f"request_id {request_id!r} is not a waiting or running request")
+            seq, stream = self._requests[request_id]
+            self._finish(seq, stream, "abort", [], "")
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._requests)
+
+    def stats(self) -> EngineStats:
+        """Counts of sequences and blocks, prefix-cache lookups, the last step's time."""
+        with self._lock:
+            c = self.cache
+            return EngineStats(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                               blocks_total=c.usable_blocks, blocks_used=c.num_used, blocks_free=c.num_free,
+                               blocks_cached=c.num_cached, prefix_cache_queries=c.queries,
+                               prefix_cache_hits=c.hits, step_time_s=self._step_time, steps=self._steps)
+
+    # ---- the step --------------------------------------------------------------------------------
+    def step(self) -> int:
+        """Run one step; returns the number of requests that got a token (0: nothing to do)."""
+        t0 = time.perf_counter()
+        with self._lock:
+            chunks = self.scheduler.schedule()
+            if not chunks:
+                return 0
+            batch = self._inputs(chunks)
+        sampled = [c for c in chunks if c.samples]
+        with torch.no_grad():
+            logits = self._forward(chunks, batch)
+        tokens = self._sample(sampled, logits)
+        with self._lock:
+            for chunk in chunks:
+                if chunk.seq.status != FINISHED:      # not aborted during the model call
+                    self.scheduler.computed(chunk)
+            for chunk, token in zip(sampled, tokens):
+                if chunk.seq.status != FINISHED:
+                    self._append(chunk.seq, token)
+            self._steps += 1
+            self._step_time = time.perf_counter() - t0
+        return len(sampled)
+
+    def _inputs(self, chunks: list[Chunk]) -> dict[str, Any]:
+        """The step's host-side inputs (read under the lock: the tables change between steps)."""
+        ids, cu, starts, tables, rows = [], [0], [], [], []
+        for c in chunks:
+            ids.extend(c.seq.tokens[c.start:c.start + c.count])
+            cu.append(cu[-1] + c.count)
+            starts.append(c.start)
+            tables.append(list(self.cache.table(c.seq.request_id)))
+            if c.samples:
+                rows.append(cu[-1] - 1)
+        return {"ids": ids, "cu": cu, "starts": starts, "tables": tables, "rows": rows,
+                "max_query_len": max(c.count for c in chunks)}
+
+    def _forward(self, chunks: list[Chunk], batch: dict[str, Any]) -> torch.Tensor:
+        """Logits (R, V) float32 of the rows that sample."""
+        decode_only = batch["max_query_len"] == 1 and len(batch["rows"]) == len(chunks)
+        if self._graphs is not None and decode_only and self._graphs.size_for(len(chunks)) is not None:
+            return self._graphs.run(batch["ids"], batch["tables"], batch["starts"])
+        dev = self.device
+        width = max(len(t) for t in batch["tables"])
+        tables = torch.full((len(chunks), width), SCRATCH_BLOCK, dtype=torch.int32)
+        for i, row in enumerate(batch["tables"]):
+            tables[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
+        i32 = dict(dtype=torch.int32, device=dev)
+        return self.model.paged_step(torch.tensor(batch["ids"], dtype=torch.long, device=dev), self.pages,
+                                     tables.to(dev), torch.tensor(batch["starts"], **i32),
+                                     torch.tensor(batch["cu"], **i32), batch["max_query_len"],
+                                     torch.tensor(batch["rows"], dtype=torch.long, device=dev))
+
+    def _sample(self, sampled: list[Chunk], logits: torch.Tensor) -> list[int]:
+        if not sampled:
+            return []
+        params = [c.seq.params for c in sampled]
+        banned = [self._banned(c.seq) for c in sampled]
+        return sample_rows(logits, params, [c.seq.generator for c in sampled], banned)
+
+    def _banned(self, seq: Sequence) -> tuple[int, ...]:
+        p = seq.params
+        if seq.generated >= p.min_tokens:
+            return ()
+        return tuple(p.stop_token_ids) + (() if p.ignore_eos else tuple(sorted(self.eos_token_ids)))
+
+    # ---- after the step: tokens, text, stops -----------------------------------------------------------
+    def _append(self, seq: Sequence, token: int) -> None:
+        seq.tokens.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = time.perf_counter()
+        p = seq.params
+        reason, text = None, ""
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            reason = "stop"
+        elif seq.detokenizer is not None:
+            text, matched = self._release(seq, seq.detokenizer.add(token))
+            reason = "stop" if matched else None
+        if reason is None and (seq.generated >= p.max_tokens or len(seq.tokens) >= self.max_model_len):
+            reason = "length"
+            if seq.detokenizer is not None:
+                text += self._release(seq, seq.detokenizer.flush())[0] + seq.held
+                seq.held = ""
+        _, stream = self._requests[seq.request_id]
+        if reason is None:
+            stream.put(self._output(seq, [token], text, None))
+        else:
+            self._finish(seq, stream, reason, [token], text)
+
+    @staticmethod
+    def _release(seq: Sequence, delta: str) -> tuple[str, bool]:
+        """Text that can be released after ``delta``, and whether a stop string ended it. Text that
+        could be the start of a stop string is held back until it is known not to be one."""
+        stops = seq.params.stop
+        if not stops:
+            seq.text += delta
+            return delta, False
+        pending = seq.held + delta
+        found = [i for i in (pending.find(s) for s in stops) if i >= 0]
+        if found:
+            out = pending[:min(found)]
+            seq.text, seq.held = seq.text + out, ""
+            return out, True
+        keep = 0
+        for s in stops:
+            for k in range(min(len(s) - 1, len(pending)), keep, -1):
+                if pending.endswith(s[:k]):
+                    keep = k
+                    break
+        out = pending[:len(pending) - keep]
+        seq.text, seq.held = seq.text + out, pending[len(out):]
+        return out, False
+
+    def _output(self, seq: Sequence, new: list[int], text: str, reason: Optional[str]) -> RequestOutput:
+        ttft = None if seq.first_token_time is None else seq.first_token_time - seq.arrival
+        return RequestOutput(seq.request_id, new, text, reason is not None, reason, len(seq.prompt),
+                             seq.generated, ttft)
+
+    def _finish(self, seq: Sequence, stream: RequestStream, reason: str, new: list[int], text: str) -> None:
+        self.scheduler.remove(seq)
+        seq.finish_reason = reason
+        del self._requests[seq.request_id]
+        stream.put(self._output(seq, new, text, reason))
+
+    # ---- the step loop's thread ------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the step loop in a background thread (until ``shutdown``)."""
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("the engine is already started")
+            self._thread = threading.Thread(target=self._loop, name="opforge-engine", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.scheduler.has_work():
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except BaseException as exc:         # noqa: BLE001  (every stream must end)
+                with self._lock:
+                    self.error = exc
+                    self._abort_all()
+                return
+
+    def _abort_all(self) -> None:
+        for seq, stream in list(self._requests.values()):
+            self._finish(seq, stream, "abort", [], "")
+
+    def shutdown(self, timeout: Optional[float] = None) -> None:
+        """Stop the step loop (after its current step) and end every open request with "abort"."""
+        with self._lock:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._lock:
+            self._abort_all()

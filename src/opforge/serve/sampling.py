@@ -1,0 +1,131 @@
+"""Sampling parameters per request, and choosing each request's next token from its logits.
+
+Greedy at temperature 0 (the first maximum, as ``torch.argmax``); otherwise temperature, top-k and
+top-p filtering and a draw from the request's own generator, so a seeded request samples the
+same tokens whatever else shares its batch.
+
+Example:
+    >>> import torch
+    >>> params = SamplingParams(max_tokens=4, temperature=0.8, top_k=2, seed=7)
+    >>> logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]])
+    >>> a = sample_rows(logits, [params], [make_generator(params, torch.device("cpu"))])
+    >>> b = sample_rows(logits, [params], [make_generator(params, torch.device("cpu"))])
+    >>> a == b and a[0] in (1, 2)
+    True
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded.
+
+    Attributes:
+        max_tokens: new tokens at most (>= 1).
+        temperature: 0 is greedy; > 0 scales the logits before sampling.
+        top_k: keep the k most likely tokens (None: all).
+        top_p: keep the smallest set of most likely tokens whose probability reaches p (None: all).
+        min_tokens: end-of-sequence and ``stop_token_ids`` are suppressed before this many tokens.
+        seed: makes this request's sampling reproducible whatever else is in the batch.
+        stop: strings that end the request; matched on the decoded text, not returned.
+        stop_token_ids: token ids that end the request (returned as its last token).
+        ignore_eos: do not end at the model's end-of-sequence tokens.
+
+    Example:
+        >>> SamplingParams(max_tokens=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: max_tokens must be an int >= 1, got 0
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    min_tokens: int = 0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, Sequence[str]]] = None
+    stop_token_ids: Optional[Sequence[int]] = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        def is_int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
+            raise ValueError(f"top_k must be None or an int >= 1, got {self.top_k!r}")
+        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
+                                       or not 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be None or a number in (0, 1], got {self.top_p!r}")
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an int in [0, max_tokens], got {self.min_tokens!r}")
+        if self.seed is not None and not is_int(self.seed):
+            raise ValueError(f"seed must be None or an int, got {self.seed!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
+        ids = tuple(self.stop_token_ids or ())
+        if not all(is_int(t) and t >= 0 for t in ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids >= 0, got {self.stop_token_ids!r}")
+        object.__setattr__(self, "stop_token_ids", ids)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> Optional[torch.Generator]:
+    """The request's own generator (None for greedy): seeded by ``params.seed``, else at random."""
+    if params.greedy:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+    return g
+
+
+def _filter(logits: torch.Tensor, top_k: Optional[int], top_p: Optional[float]) -> torch.Tensor:
+    """One row of float logits with the tokens outside top-k / top-p set to -inf."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = logits.softmax(-1).sort(descending=True)
+        ahead = probs.cumsum(-1) - probs                 # mass of the tokens before each one
+        drop = torch.zeros_like(ahead, dtype=torch.bool).scatter(-1, order, ahead >= top_p)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
+                generators: Sequence[Optional[torch.Generator]],
+                banned: Optional[Sequence[Sequence[int]]] = None) -> list[int]:
+    """The next token of each row of ``logits`` (R, V) under its request's parameters.
+
+    ``banned[r]``: token ids row r may not produce now (end-of-sequence before ``min_tokens``).
+    """
+    if banned is not None and any(banned):
+        logits = logits.clone()
+        for r, ids in enumerate(banned):
+            if ids:
+                logits[r, list(ids)] = float("-inf")
+    out = logits.argmax(-1).tolist()
+    for r, p in enumerate(params):
+        if p.greedy:
+            continue
+        row = _filter(logits[r].float() / p.temperature, p.top_k, p.top_p)
+        out[r] = int(torch.multinomial(row.softmax(-1), 1, generator=generators[r]))
+    return out
