@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from . import SamplingParams
+from . import EngineStoppedError, SamplingParams
 from .chat_template import ChatTemplate, ChatTemplateError
 from .errors import APIError, BodyLimit, install_error_handlers, parse_json, validation_error
 from .metrics import ServerMetrics
@@ -222,6 +222,8 @@ class OpenAIServer:
             return self.engine.add_request(p.request_id, p.prompt, p.params)
         except ValueError as e:
             raise APIError(400, str(e), code="invalid_value") from e
+        except EngineStoppedError as e:
+            raise APIError(503, "the server is shutting down", code="shutting_down") from e
 
     def abort(self, request_id: str) -> None:
         with contextlib.suppress(KeyError):

@@ -19,20 +19,13 @@ import torch
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _tokenizer(model_dir: str) -> Any:
-    path = os.path.join(model_dir, "tokenizer.json")
-    if not os.path.exists(path):
-        return None
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(path)
-
-
 def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optional[torch.dtype] = None,
                  quantize: Optional[str] = None, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
                  kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None, block_size: int = 16) -> Any:
     """Load a checkpoint directory and wrap it in an ``Engine`` (not yet started).
 
-    ``max_model_len`` defaults to the checkpoint's context, capped at 8192 tokens.
+    ``max_model_len`` defaults to the checkpoint's context, capped at 8192 tokens. The tokenizer
+    is the model's, else the directory's ``tokenizer.json`` (None without one: token-id prompts only).
 
     Example:
         >>> import torch
@@ -43,15 +36,15 @@ def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optiona
     """
     from ..models import load
     from . import Engine
+    from .tokenizer import load_tokenizer
     if max_model_len is None:
         import json
         with open(os.path.join(model_dir, "config.json")) as f:
             max_model_len = min(int(json.load(f).get("max_position_embeddings") or 8192), 8192)
     model = load(model_dir, device=device, dtype=dtype, quantize=quantize, max_seq_len=max_model_len, max_batch=1)
-    if getattr(model, "tokenizer", None) is None:
-        model.tokenizer = _tokenizer(model_dir)
+    tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(model_dir)
     return Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
-                  kv_memory_fraction=kv_memory_fraction, kv_blocks=kv_blocks)
+                  kv_memory_fraction=kv_memory_fraction, kv_blocks=kv_blocks, tokenizer=tokenizer)
 
 
 def kernel_backends(engine: Any) -> str:
