@@ -41,8 +41,8 @@ class ThreadServer:
     """``create_app`` served by uvicorn in a background thread; ``url`` once started."""
 
     def __init__(self, directory: str, *, kv_blocks: int = 64, max_num_seqs: int = 32, start_engine: bool = True,
-                 **config: Any):
-        self.engine = build_engine(directory, device="cpu", dtype=torch.float32, max_model_len=MAX_MODEL_LEN,
+                 device: str = "cpu", **config: Any):
+        self.engine = build_engine(directory, device=device, dtype=torch.float32, max_model_len=MAX_MODEL_LEN,
                                    kv_blocks=kv_blocks, max_num_seqs=max_num_seqs)
         self.config = ServerConfig(model_name=MODEL, chat_template=load_chat_template(directory), **config)
         self.start_engine = start_engine     # False: the test starts it (requests wait until then)
@@ -62,6 +62,16 @@ class ThreadServer:
                 raise RuntimeError("the test server did not start")
             time.sleep(0.02)
         return self
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until /metrics shows no request running or waiting and no KV block in use."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (metric(self.url, "opforge_kv_blocks_used") == 0 and metric(self.url, "opforge_requests_running") == 0
+                    and metric(self.url, "opforge_requests_waiting") == 0):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"the server did not return to idle within {timeout} s")
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True

@@ -201,18 +201,8 @@ def test_metrics_parse_and_count(server, client):
 
 
 # ---- disconnects --------------------------------------------------------------------------------------
-def _idle(server, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (metric(server.url, "opforge_kv_blocks_used") == 0 and metric(server.url, "opforge_requests_running") == 0
-                and metric(server.url, "opforge_requests_waiting") == 0):
-            return
-        time.sleep(0.05)
-    raise AssertionError("the server did not return to idle")
-
-
 def test_disconnect_mid_stream_frees_the_blocks(server):
-    _idle(server)
+    server.wait_idle()
     aborted = metric(server.url, 'opforge_requests_total{endpoint="completion",outcome="abort"}')
     body = {"model": MODEL, "prompt": "a long answer please", "max_tokens": 70, "temperature": 0, "stream": True,
             "ignore_eos": True}
@@ -221,17 +211,17 @@ def test_disconnect_mid_stream_frees_the_blocks(server):
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
             assert metric(server.url, "opforge_kv_blocks_used") > 0
-    _idle(server, timeout=5.0)
+    server.wait_idle(timeout=5.0)
     assert metric(server.url, 'opforge_requests_total{endpoint="completion",outcome="abort"}') == aborted + 1
     answered(server)
 
 
 def test_disconnect_while_waiting_for_a_whole_answer_frees_the_blocks(server):
-    _idle(server)
+    server.wait_idle()
     body = {"model": MODEL, "prompt": "x", "max_tokens": 90, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
-    _idle(server, timeout=5.0)
+    server.wait_idle(timeout=5.0)
     answered(server)
 
 
