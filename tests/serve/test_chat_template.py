@@ -90,3 +90,17 @@ def test_missing_and_broken_templates():
 def test_generation_block_renders_its_body():
     t = ChatTemplate("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}")
     assert t.render([{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]) == "[x][y]"
+
+
+def test_a_models_own_template_gets_its_special_tokens_from_the_tokenizer():
+    from types import SimpleNamespace
+    from tokenizers import Tokenizer
+    from opforge.serve.chat_template import chat_template_for
+    d = write_tokenizer(tempfile.mkdtemp())
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    model = SimpleNamespace(chat_template=CHAT_TEMPLATE, config=SimpleNamespace(eos_token_ids=(2,)))
+    ours = chat_template_for(os.path.join(d, "model.gguf"), model, tok)      # a file: the model's template
+    hf = AutoTokenizer.from_pretrained(d)
+    assert ours.special_tokens == {"bos_token": "<s>", "eos_token": "</s>"}
+    assert ours.render(MESSAGES) == hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert chat_template_for(tempfile.mkdtemp(), SimpleNamespace(chat_template=None), tok) is None

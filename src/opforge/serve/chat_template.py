@@ -141,3 +141,38 @@ def load_chat_template(model_dir: str) -> Optional[ChatTemplate]:
             return ChatTemplate(f.read(), special)
     source = _pick(config.get("chat_template"), config_path)
     return ChatTemplate(source, special) if source else None
+
+
+def _special_tokens_of(tokenizer: Any, eos_token_ids: tuple[int, ...]) -> dict[str, str]:
+    """bos/eos token texts from a ``tokenizers.Tokenizer``: BOS is what it puts before an empty text."""
+    special: dict[str, str] = {}
+    if tokenizer is None:
+        return special
+    added = tokenizer.encode("").ids
+    if added and (text := tokenizer.id_to_token(added[0])) is not None:
+        special["bos_token"] = text
+    if eos_token_ids and (text := tokenizer.id_to_token(eos_token_ids[0])) is not None:
+        special["eos_token"] = text
+    return special
+
+
+def chat_template_for(path: str, model: Any = None, tokenizer: Any = None) -> Optional[ChatTemplate]:
+    """The chat template to serve ``path`` with: a directory's own files (``load_chat_template``),
+    else the template text a loaded model carries (``model.chat_template``, e.g. from a GGUF
+    file's metadata) with its special tokens read from ``tokenizer``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> model = SimpleNamespace(chat_template="{{ eos_token }}", config=SimpleNamespace(eos_token_ids=(2,)))
+        >>> chat_template_for("/not/a/dir.gguf", model).render([])
+        ''
+    """
+    if os.path.isdir(path):
+        template = load_chat_template(path)
+        if template is not None:
+            return template
+    source = getattr(model, "chat_template", None)
+    if not isinstance(source, str) or not source:
+        return None
+    eos = tuple(getattr(getattr(model, "config", None), "eos_token_ids", ()) or ())
+    return ChatTemplate(source, _special_tokens_of(tokenizer, eos))

@@ -24,7 +24,9 @@ def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optiona
                  kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None, block_size: int = 16) -> Any:
     """Load a checkpoint directory and wrap it in an ``Engine`` (not yet started).
 
-    ``max_model_len`` defaults to the checkpoint's context, capped at 8192 tokens. The tokenizer
+    ``model_dir``: a checkpoint directory (or a file ``opforge.models.load`` reads, such as GGUF).
+    ``max_model_len`` defaults to the checkpoint's context, capped at 8192 tokens (4096 for a
+    file). The tokenizer
     is the model's, else the directory's ``tokenizer.json`` (None without one: token-id prompts only).
 
     Example:
@@ -38,9 +40,11 @@ def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optiona
     from . import Engine
     from .tokenizer import load_tokenizer
     if max_model_len is None:
-        import json
-        with open(os.path.join(model_dir, "config.json")) as f:
-            max_model_len = min(int(json.load(f).get("max_position_embeddings") or 8192), 8192)
+        max_model_len = 4096
+        if os.path.isdir(model_dir):
+            import json
+            with open(os.path.join(model_dir, "config.json")) as f:
+                max_model_len = min(int(json.load(f).get("max_position_embeddings") or 8192), 8192)
     model = load(model_dir, device=device, dtype=dtype, quantize=quantize, max_seq_len=max_model_len, max_batch=1)
     tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(model_dir)
     return Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
@@ -96,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         >>> main(["/no/such/dir"])   # doctest: +SKIP
     """
     p = argparse.ArgumentParser(prog="opforge serve", description=__doc__.splitlines()[0])
-    p.add_argument("model_dir")
+    p.add_argument("model_dir", help="a checkpoint directory (Hugging Face layout) or a model file (GGUF)")
     p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", help="cuda, cuda:N, mps or cpu (default: the best available)")
@@ -126,18 +130,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error(f"--max-waiting must be >= 0, got {args.max_waiting}")
     if not 0.0 < args.kv_memory_fraction <= 1.0:
         p.error(f"--kv-memory-fraction must be in (0, 1], got {args.kv_memory_fraction}")
-    if not os.path.exists(os.path.join(args.model_dir, "config.json")):
-        p.error(f"{args.model_dir!r} is not a checkpoint directory (no config.json)")
+    if not (os.path.isfile(args.model_dir) or os.path.exists(os.path.join(args.model_dir, "config.json"))):
+        p.error(f"{args.model_dir!r} is neither a checkpoint directory (with config.json) nor a model file")
 
     import uvicorn
     from .api import ServerConfig, create_app
-    from .chat_template import load_chat_template
+    from .chat_template import chat_template_for
     engine = build_engine(args.model_dir, device=args.device, dtype=_DTYPES.get(args.dtype), quantize=args.quantize,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           kv_memory_fraction=args.kv_memory_fraction, kv_blocks=args.kv_blocks,
                           block_size=args.block_size)
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model_dir))
-    config = ServerConfig(model_name=name, chat_template=load_chat_template(args.model_dir), api_key=args.api_key,
+    if os.path.isfile(args.model_dir) and not args.served_model_name:
+        name = os.path.splitext(name)[0]          # model.gguf -> model
+    template = chat_template_for(args.model_dir, engine.model, engine.tokenizer)
+    config = ServerConfig(model_name=name, chat_template=template, api_key=args.api_key,
                           max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
     engine.start()
     try:
