@@ -108,6 +108,22 @@ class _EngineStreamResponse(StreamingResponse):
             self.on_close()
 
 
+_FIELDS = ("prompt", "max_tokens", "temperature", "top_k", "top_p", "min_tokens", "seed", "stop", "stop_token_ids",
+           "ignore_eos")
+
+
+def _field_named(message: str) -> Optional[str]:
+    """The request field an engine or sampling error message starts with ("stop must be ...").
+
+    Example:
+        >>> _field_named("prompt: token id 99 is outside the vocabulary"), _field_named("params.stop: needs a tokenizer")
+        ('prompt', 'stop')
+    """
+    head = message.split(None, 1)[0].rstrip(":") if message else ""
+    head = head.removeprefix("params.")
+    return head if head in _FIELDS else None
+
+
 def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
@@ -193,6 +209,13 @@ class OpenAIServer:
                                 f"model's context of {limit} tokens", param="max_tokens",
                            code="context_length_exceeded")
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
+        try:
+            return self._sampling_params(req, max_tokens, stop)
+        except ValueError as e:          # SamplingParams' own checks, naming the field
+            raise APIError(400, str(e), param=_field_named(str(e)), code="invalid_value") from e
+
+    @staticmethod
+    def _sampling_params(req: Any, max_tokens: int, stop: Optional[list[str]]) -> Any:
         return SamplingParams(
             max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k if req.top_k and req.top_k > 0 else None,
@@ -221,7 +244,7 @@ class OpenAIServer:
         try:
             return self.engine.add_request(p.request_id, p.prompt, p.params)
         except ValueError as e:
-            raise APIError(400, str(e), code="invalid_value") from e
+            raise APIError(400, str(e), param=_field_named(str(e)), code="invalid_value") from e
         except EngineStoppedError as e:
             raise APIError(503, "the server is shutting down", code="shutting_down") from e
 

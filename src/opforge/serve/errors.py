@@ -72,6 +72,8 @@ def parse_json(body: bytes) -> Any:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from e
+    except RecursionError as e:
+        raise APIError(400, "the request body nests JSON too deeply", code="invalid_json") from e
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

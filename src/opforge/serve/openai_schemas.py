@@ -28,7 +28,7 @@ class _Sampling(_Request):
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1)
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=0, le=2**63 - 1)
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
