@@ -330,3 +330,12 @@ def test_full_queue_answers_429_with_retry_after(directory):
         assert [x.status_code for x in results] == [200, 200]
         assert [x.json()["usage"]["completion_tokens"] for x in results] == [8, 8]
         answered(s)
+
+
+def test_a_stopped_engine_answers_503_and_the_http_side_stays_up(directory):
+    with ThreadServer(directory) as s:
+        answered(s)
+        s.engine.shutdown()
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+        assert httpx.get(f"{s.url}/v1/models").status_code == 200

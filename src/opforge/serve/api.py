@@ -380,7 +380,10 @@ def create_app(engine: Any, config: ServerConfig, manage_engine: bool = True) ->
     @app.get("/health")
     async def health() -> JSONResponse:
         s = engine.stats()
-        return JSONResponse({"status": "ok", "running": s.running, "waiting": s.waiting})
+        error = getattr(engine, "error", None)          # the step loop stopped on an exception
+        body = {"status": "ok" if error is None else f"error: {type(error).__name__}: {error}",
+                "running": s.running, "waiting": s.waiting}
+        return JSONResponse(body, status_code=200 if error is None else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=_range, default=(32, 256), metavar="LOW:HIGH", help="default 32:256")
     p.add_argument("--rate", type=_list(float), help="requests/s, Poisson arrivals, comma-separated (default inf)")
     p.add_argument("--concurrency", type=_list(int), help="requests in flight at most, comma-separated")
-    p.add_argument("--warmup", type=int, default=4, help="requests sent before measuring (default 4)")
+    p.add_argument("--warmup", type=int, help="requests sent at once before measuring (default: the largest "
+                                              "concurrency, or all: batch sizes shrink through every CUDA graph size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--offline", action="store_true", help="also run the same requests through the engine in-process")
     p.add_argument("--records", action="store_true", help="keep every request's timings in the JSON")
@@ -196,6 +197,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.num_requests < 1:
         p.error(f"--num-requests must be >= 1, got {args.num_requests}")
+    if args.warmup is not None and args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
     if any(c < 1 for c in args.concurrency or []) or any(r <= 0 for r in args.rate or []):
         p.error("--concurrency and --rate take positive numbers")
     if args.url and args.offline:
@@ -207,6 +210,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(os.path.join(model_dir, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
     work = ragged_workload(args.num_requests, args.prompt_len, args.output_len, vocab, args.seed)
+    if args.warmup is None:
+        args.warmup = min(args.num_requests, max(args.concurrency or [args.num_requests]))
     warm = ragged_workload(args.warmup, args.prompt_len, args.output_len, vocab, args.seed + 1)
     rows: list[dict[str, Any]] = []
     if args.offline:
