@@ -51,12 +51,13 @@ def test_bench_serve_end_to_end_on_cpu(tmp_path, capsys):
                    "--max-model-len", "32", "--kv-blocks", "32", "--json", str(out)])
     assert status == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["mode"] for r in rows] == ["offline", "online"]
+    assert [r["mode"] for r in rows] == ["offline-batch", "offline", "online"]
     work = ragged_workload(6, (4, 12), (2, 6), 64, 0)
     for r in rows:
         assert r["failed"] == 0 and r["output_tokens"] == sum(w.max_tokens for w in work)
         assert r["ttft_ms"]["p50"] > 0 and r["e2e_ms"]["p99"] >= r["e2e_ms"]["p50"]
-    assert rows[1]["fraction_of_offline_output_tokens_per_s"] > 0
+    assert rows[2]["fraction_of_offline_output_tokens_per_s"] > 0
+    assert rows[2]["fraction_of_offline_batch_output_tokens_per_s"] > 0
     assert "online/offline" in capsys.readouterr().out
 
 

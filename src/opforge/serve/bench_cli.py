@@ -4,7 +4,8 @@ Given a checkpoint directory (or ``--random 1b``), it starts ``opforge serve`` o
 port, sends a ragged workload (fixed seed) at each ``--rate`` and ``--concurrency``, and reports
 TTFT, TPOT, ITL and end-to-end latency (mean, p50, p90, p99) with request and token
 throughput. ``--offline`` first runs the same requests at the same settings straight through an
-in-process ``Engine``, and each online row is also given as a fraction of its offline twin.
+in-process ``Engine``, plus the whole workload submitted at once with no consumer (the offline
+``LLM``'s way: the engine's own throughput); each online row is also given as a fraction of both.
 Given ``--url``, it loads a server that is already running.
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any, Optional, Sequence
 import httpx
 import torch
 
-from .loadgen import LoadRequest, engine_sender, http_sender, ragged_workload, records_json, run_load, summarize
+from .loadgen import (LoadRequest, engine_batch, engine_sender, http_sender, ragged_workload, records_json, run_load,
+                      summarize)
 
 EPILOG = """\
 examples:
@@ -113,7 +115,9 @@ async def _offline(model_dir: str, args: argparse.Namespace, warm: list[LoadRequ
     try:
         send = engine_sender(engine)
         await run_load(warm, send)
-        rows = []
+        records, seconds = engine_batch(engine, work)
+        rows = [{"mode": "offline-batch", "rate": math.inf, "concurrency": None, **summarize(records, seconds)}]
+        _print_row(rows[-1])
         for rate, concurrency in _settings(args):
             records, seconds = await run_load(work, send, rate, concurrency, seed=args.seed)
             rows.append({"mode": "offline", "rate": rate, "concurrency": concurrency, **summarize(records, seconds)})
@@ -228,13 +232,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
-    offline = {(r["rate"], r["concurrency"]): r for r in rows}
+    offline = {(r["rate"], r["concurrency"]): r for r in rows if r["mode"] == "offline"}
+    batch = next((r for r in rows if r["mode"] == "offline-batch"), None)
     for row in online:
         twin = offline.get((row["rate"], row["concurrency"]))
-        if twin and twin["output_tokens_per_s"]:
-            row["fraction_of_offline_output_tokens_per_s"] = row["output_tokens_per_s"] / twin["output_tokens_per_s"]
+        for key, ref in (("fraction_of_offline_output_tokens_per_s", twin),
+                         ("fraction_of_offline_batch_output_tokens_per_s", batch)):
+            if ref and ref["output_tokens_per_s"]:
+                row[key] = row["output_tokens_per_s"] / ref["output_tokens_per_s"]
+        if batch:
             print(f"online/offline {_label(row['rate'], row['concurrency'])}: "
-                  f"{row['fraction_of_offline_output_tokens_per_s']:.1%} of the engine's output tokens/s")
+                  f"{row.get('fraction_of_offline_output_tokens_per_s', math.nan):.1%} of the engine's output "
+                  f"tokens/s at the same setting, {row.get('fraction_of_offline_batch_output_tokens_per_s', math.nan):.1%}"
+                  " of the offline batch's")
     rows += online
     if args.json:
         from ..bench.envinfo import collect

@@ -193,3 +193,38 @@ def summarize(records: list[Record], seconds: float) -> dict[str, Any]:
 
 def records_json(records: list[Record]) -> list[dict[str, Any]]:
     return [asdict(r) for r in records]
+
+
+def engine_batch(engine: Any, requests: list[LoadRequest], poll_s: float = 0.002) -> tuple[list[Record], float]:
+    """All requests submitted at once to a started ``Engine`` with no consumer while it runs (as
+    the offline ``LLM`` does): the engine's own throughput, the reference for the online runs.
+    TTFT is the engine's; TPOT comes from the first and last token's arrival; no ITL.
+
+    Example:
+        >>> from opforge.models.testing import tiny_decoder
+        >>> from opforge.serve import Engine
+        >>> engine = Engine(tiny_decoder(), kv_blocks=32)
+        >>> engine.start()
+        >>> records, seconds = engine_batch(engine, ragged_workload(3, (2, 4), (3, 3), 64))
+        >>> engine.shutdown()
+        >>> [r.output_tokens for r in records]
+        [3, 3, 3]
+    """
+    from . import SamplingParams
+    base = f"batch-{time.monotonic_ns()}"
+    start = time.perf_counter()
+    streams = [engine.add_request(f"{base}-{i}", r.prompt,
+                                  SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True))
+               for i, r in enumerate(requests)]
+    while engine.has_unfinished():
+        time.sleep(poll_s)
+    seconds = time.perf_counter() - start
+    records = []
+    for r, stream in zip(requests, streams):
+        outs = list(stream)
+        rec = Record(len(r.prompt), outs[-1].completion_tokens, outs[-1].time_to_first_token)
+        if outs[-1].finish_reason == "abort":
+            rec.error = "aborted"
+        rec.e2e = (stream.last_token_at or start) - start
+        records.append(rec)
+    return records, seconds
