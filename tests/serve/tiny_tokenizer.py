@@ -40,7 +40,9 @@ def write_tokenizer(directory: str, chat_template: str = CHAT_TEMPLATE) -> str:
     }
     with open(os.path.join(directory, "tokenizer.json"), "w") as f:
         json.dump(tokenizer, f)
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": {"__type": "AddedToken", "content": "</s>", "lstrip": False, "rstrip": False, "normalized": False, "single_word": False, "special": True},
+    eos = {"__type": "AddedToken", "content": "</s>", "lstrip": False, "rstrip": False, "normalized": False,
+           "single_word": False, "special": True}          # the way transformers writes an AddedToken
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": eos,
               "unk_token": "<unk>", "chat_template": chat_template, "model_max_length": 256}
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from .chat_template import ChatTemplate, ChatTemplateError
 from .errors import APIError, BodyLimit, install_error_handlers, parse_json, validation_error
 from .metrics import ServerMetrics
 from .openai_schemas import (AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion,
-                             CompletionChoice, CompletionRequest, ModelCard, ModelList, Usage, chat_chunk)
+                             CompletionChoice, CompletionRequest, ModelCard, ModelList, StreamChunks, Usage)
 
 
 @dataclass
@@ -122,10 +121,6 @@ def _field_named(message: str) -> Optional[str]:
     head = message.split(None, 1)[0].rstrip(":") if message else ""
     head = head.removeprefix("params.")
     return head if head in _FIELDS else None
-
-
-def _sse(data: Any) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 class OpenAIServer:
@@ -300,28 +295,16 @@ class OpenAIServer:
         return Response(body.model_dump_json(), media_type="application/json")
 
     async def _events(self, p: _Prepared, stream: Any, progress: _Progress) -> AsyncIterator[str]:
-        created, model = int(time.time()), self.config.model_name
-        chat = p.kind == "chat"
-        if chat:
-            yield _sse(chat_chunk(p.request_id, created, model, role="assistant", content=""))
+        chunks = StreamChunks(p.kind, p.request_id, int(time.time()), self.config.model_name)
+        if p.kind == "chat":
+            yield chunks.role()
         async for out in stream:
             progress.add(out)
             reason = progress.finish_reason
-            if not out.new_text and not out.new_token_ids and reason is None:
-                continue
-            if chat:
-                yield _sse(chat_chunk(p.request_id, created, model, content=out.new_text or None,
-                                      finish_reason=reason))
-            else:
-                chunk = Completion(id=p.request_id, created=created, model=model,
-                                   choices=[CompletionChoice(text=out.new_text, finish_reason=reason)])
-                yield f"data: {chunk.model_dump_json()}\n\n"
+            if out.new_text or out.new_token_ids or reason is not None:
+                yield chunks.delta(out.new_text, reason)
         if p.include_usage:
-            if chat:
-                yield _sse(chat_chunk(p.request_id, created, model, usage=progress.usage(), with_choice=False))
-            else:
-                chunk = Completion(id=p.request_id, created=created, model=model, choices=[], usage=progress.usage())
-                yield f"data: {chunk.model_dump_json()}\n\n"
+            yield chunks.usage(progress.usage())
         yield "data: [DONE]\n\n"
 
     def models(self, request: Request) -> ModelList:

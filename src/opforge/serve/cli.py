@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import os
 import signal
-import sys
 import threading
 from collections import Counter
 from typing import Any, Iterator, Optional, Sequence
@@ -155,7 +154,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                 timeout_graceful_shutdown=max(1, round(args.drain_timeout))))
         server.ready_message = (f"opforge serve: http://{args.host}:{server.config.port}/v1  model {name!r}  "
                                 f"kernels: {backends}  KV cache: {s.blocks_total} blocks of {args.block_size} tokens "
-                                f"= {s.blocks_total * args.block_size} tokens (max model len {engine.max_model_len}, max {args.max_num_seqs} sequences)"
+                                f"= {s.blocks_total * args.block_size} tokens (max model len {engine.max_model_len}, "
+                                f"max {args.max_num_seqs} sequences)"
                                 f"{'  API key required' if args.api_key else ''}")
         server.run()
     finally:

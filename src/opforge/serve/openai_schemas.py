@@ -8,6 +8,7 @@ extensions of other local servers are accepted: ``top_k``, ``min_tokens``, ``ign
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -230,3 +231,51 @@ def chat_chunk(id: str, created: int, model: str, *, role: Optional[str] = None,
     choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}] if with_choice else []
     return {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices,
             "usage": usage.model_dump() if usage is not None else None, "system_fingerprint": None}
+
+
+class StreamChunks:
+    """The server-sent events of one streamed answer, from JSON templates made once per request
+    (a token's event costs one string escape, not a model build and dump).
+
+    Example:
+        >>> import json
+        >>> c = StreamChunks("chat", "c1", 0, "m")
+        >>> json.loads(c.delta("hi", None)[len("data: "):]) == chat_chunk("c1", 0, "m", content="hi")
+        True
+        >>> d = json.loads(StreamChunks("completion", "c2", 0, "m").delta("x", "length")[len("data: "):])
+        >>> d == json.loads(Completion(id="c2", created=0, model="m",
+        ...                            choices=[CompletionChoice(text="x", finish_reason="length")]).model_dump_json())
+        True
+    """
+
+    def __init__(self, kind: str, id: str, created: int, model: str):
+        self.kind, self.id, self.created, self.model = kind, id, created, model
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        head = json.dumps({"id": id, "object": obj, "created": created, "model": model}, ensure_ascii=False)[:-1]
+        if kind == "chat":
+            self._pre = head + ',"choices":[{"index":0,"delta":{"content":'
+            self._mid = '},"logprobs":null,"finish_reason":'
+        else:
+            self._pre = head + ',"choices":[{"index":0,"text":'
+            self._mid = ',"logprobs":null,"finish_reason":'
+        self._post = '}],"usage":null,"system_fingerprint":null}\n\n'
+
+    def delta(self, text: str, finish_reason: Optional[str]) -> str:
+        """The event for new text (and the finish reason on the last one)."""
+        reason = "null" if finish_reason is None else json.dumps(finish_reason)
+        return f"data: {self._pre}{json.dumps(text, ensure_ascii=False)}{self._mid}{reason}{self._post}"
+
+    def role(self) -> str:
+        """A chat stream's first event: the role ``"assistant"`` and empty content."""
+        return _event(chat_chunk(self.id, self.created, self.model, role="assistant", content=""))
+
+    def usage(self, usage: Usage) -> str:
+        """The closing event with the token counts (no choices)."""
+        if self.kind == "chat":
+            return _event(chat_chunk(self.id, self.created, self.model, usage=usage, with_choice=False))
+        chunk = Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
+        return f"data: {chunk.model_dump_json()}\n\n"
+
+
+def _event(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
