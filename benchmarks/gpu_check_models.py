@@ -124,6 +124,7 @@ def main() -> int:
     import opforge
     from opforge.bench.suites.model import median_seconds as median_time, sync, transformers_decode_tokens_per_s
     from opforge.models import load
+    from opforge.models.generate import release_graphs
     from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
     from opforge.runtime.device import measure_copy_bandwidth
 
@@ -189,7 +190,7 @@ def main() -> int:
             seqlens = model.cache_seqlens[:1]
             eager = model.decode_step(token, seqlens).clone()
             replayed = _GraphStep(model, 1)(token).clone()      # captured at this cache length, replayed
-            model._graphs.clear()
+            release_graphs(model)
             err = rel(replayed, eager)
             check(f"graph replay == eager decode step, cache length {ctx}", err <= 1e-3,
                   f"bitwise equal: {torch.equal(replayed, eager)}, rel err {err:.2e}")
@@ -296,7 +297,7 @@ def main() -> int:
     guarded("prefill", ours_prefill)
 
     def first_token() -> None:
-        model._graphs.clear()
+        release_graphs(model)
         sync(device)
         t0 = time.perf_counter()
         model.generate(prompt, 2, graphs=True)

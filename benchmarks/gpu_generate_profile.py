@@ -87,7 +87,7 @@ def timeline(prof) -> dict[str, Any]:
 
 def profile_model(quant: str | None, device: str, smoke: bool) -> None:
     from opforge.models import load
-    from opforge.models.generate import _GraphStep
+    from opforge.models.generate import graph_step
     from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
     config = dict(TINY_LLAMA, vocab_size=256) if smoke else LLAMA_1B
     path = write_random_checkpoint(config, tempfile.mkdtemp(prefix="opforge-genprof-"), device, torch.bfloat16)
@@ -115,7 +115,7 @@ def profile_model(quant: str | None, device: str, smoke: bool) -> None:
     entry["argmax_rows_graph_us"] = events_us(captured(lambda: argmax_rows(low), device), device, 100)
     entry["float_cast_graph_us"] = events_us(captured(lambda: logits.to(torch.bfloat16).float(), device), device, 100)
     if device == "cuda":
-        step = model._graphs.get((1, True)) or _GraphStep(model, 1, greedy=True)
+        step = graph_step(model, 1, greedy=True)
         seqlens.fill_(context)
         entry["greedy_graph_us"] = events_us(step.advance, device, repeats=16)   # 48 tokens, inside the cache
         seqlens.fill_(context)

@@ -3,14 +3,16 @@ the batch does around it (chunked prefill, prefix hits, preemption, aborts), flo
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 
 import pytest
 import torch
 
+import opforge
 from opforge.models.testing import tiny_decoder
-from opforge.serve import LLM, Engine, RequestOutput, SamplingParams
+from opforge.serve import LLM, Engine, EngineStoppedError, RequestOutput, SamplingParams
 from opforge.testing import DEVICE
 
 EOS = 2
@@ -34,6 +36,12 @@ def solo(model):
     return run
 
 
+@pytest.fixture(params=[False, True], ids=["serial", "overlap"])
+def overlap(request):
+    """Steps one after the other, or a decode step's successor launched before its tokens are read."""
+    return request.param
+
+
 def _prompts(seed: int, n: int, shared: list[int] = ()) -> list[list[int]]:
     rng = random.Random(seed)
     return [list(shared) + [rng.randrange(3, 64) for _ in range(rng.randint(1, 40))] for _ in range(n)]
@@ -50,8 +58,8 @@ def _tokens(outputs: list[RequestOutput]) -> list[int]:
     return [t for o in outputs for t in o.new_token_ids]
 
 
-def test_mixed_lengths_and_limits_equal_solo_generate(model, solo):
-    engine = Engine(model, max_num_seqs=5, block_size=4, kv_blocks=200, max_num_batched_tokens=16)
+def test_mixed_lengths_and_limits_equal_solo_generate(model, solo, overlap):
+    engine = Engine(model, overlap=overlap, max_num_seqs=5, block_size=4, kv_blocks=200, max_num_batched_tokens=16)
     prompts = _prompts(0, 12)
     limits = [random.Random(i).randint(1, 30) for i in range(12)]
     streams = {f"r{i}": engine.add_request(f"r{i}", p, SamplingParams(max_tokens=m, ignore_eos=True))
@@ -64,11 +72,12 @@ def test_mixed_lengths_and_limits_equal_solo_generate(model, solo):
         assert [o.completion_tokens for o in got] == list(range(1, m + 1))
         assert got[-1].prompt_tokens == len(p) and got[-1].time_to_first_token > 0
     assert engine.stats().steps > 12 and engine.stats().blocks_used == 0
+    assert (engine.overlapped_steps > 10) == overlap
     assert len({tuple(_tokens(o)) for o in outs.values()}) > 6           # real, different outputs
 
 
-def test_end_of_sequence_stops_a_request_like_generate_with_stop_ids(model, solo):
-    engine = Engine(model, max_num_seqs=8, block_size=4, kv_blocks=200)
+def test_end_of_sequence_stops_a_request_like_generate_with_stop_ids(model, solo, overlap):
+    engine = Engine(model, overlap=overlap, max_num_seqs=8, block_size=4, kv_blocks=200)
     prompts = _prompts(1, 24)
     streams = {f"r{i}": engine.add_request(f"r{i}", p, SamplingParams(max_tokens=40)) for i, p in enumerate(prompts)}
     outs = _drain(engine, streams)
@@ -79,12 +88,13 @@ def test_end_of_sequence_stops_a_request_like_generate_with_stop_ids(model, solo
         stopped += want[-1] == EOS
         assert outs[f"r{i}"][-1].finish_reason == ("stop" if want[-1] == EOS else "length")
     assert stopped > 0, "no request reached the end-of-sequence token: the test proves nothing"
+    assert (engine.overlapped_steps > 10) == overlap
 
 
-def test_prefix_hits_skip_prefill_and_change_no_token(model, solo):
+def test_prefix_hits_skip_prefill_and_change_no_token(model, solo, overlap):
     shared = [random.Random(5).randrange(3, 64) for _ in range(21)]
     prompts = _prompts(2, 8, shared)
-    engine = Engine(model, max_num_seqs=4, block_size=4, kv_blocks=100)
+    engine = Engine(model, overlap=overlap, max_num_seqs=4, block_size=4, kv_blocks=100)
     streams = {}
     for i, p in enumerate(prompts):
         streams[f"r{i}"] = engine.add_request(f"r{i}", p, SamplingParams(max_tokens=10, ignore_eos=True))
@@ -103,22 +113,22 @@ def test_prefix_hits_skip_prefill_and_change_no_token(model, solo):
     assert engine.stats().prefix_cache_hits - stats.prefix_cache_hits >= 8 * 20
 
 
-def test_preemption_by_a_tiny_pool_changes_no_token(model, solo):
+def test_preemption_by_a_tiny_pool_changes_no_token(model, solo, overlap):
     prompts = _prompts(3, 10)
-    engine = Engine(model, max_num_seqs=8, block_size=4, kv_blocks=24, max_num_batched_tokens=32)
+    engine = Engine(model, overlap=overlap, max_num_seqs=8, block_size=4, kv_blocks=24, max_num_batched_tokens=32)
     streams = {f"r{i}": engine.add_request(f"r{i}", p, SamplingParams(max_tokens=30, ignore_eos=True))
                for i, p in enumerate(prompts)}
     outs = _drain(engine, streams)
-    assert engine.scheduler.preemptions > 3
+    assert engine.scheduler.preemptions > 3 and (engine.overlapped_steps > 0) == overlap
     for i, p in enumerate(prompts):
         assert _tokens(outs[f"r{i}"]) == solo(p, 30), f"request {i}"
     engine.cache.check(idle=True)
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
-def test_aborts_midway_free_blocks_at_once_and_leave_the_others_exact(model, solo, prefix_caching):
+def test_aborts_midway_free_blocks_at_once_and_leave_the_others_exact(model, solo, prefix_caching, overlap):
     prompts = _prompts(4, 8)
-    engine = Engine(model, max_num_seqs=8, block_size=4, kv_blocks=60, enable_prefix_caching=prefix_caching)
+    engine = Engine(model, overlap=overlap, max_num_seqs=8, block_size=4, kv_blocks=60, enable_prefix_caching=prefix_caching)
     streams = {f"r{i}": engine.add_request(f"r{i}", p, SamplingParams(max_tokens=25, ignore_eos=True))
                for i, p in enumerate(prompts)}
     for _ in range(6):
@@ -140,9 +150,9 @@ def test_aborts_midway_free_blocks_at_once_and_leave_the_others_exact(model, sol
     engine.cache.check(idle=True)
 
 
-def test_random_adds_aborts_and_steps_keep_the_cache_consistent_and_tokens_exact(model, solo):
+def test_random_adds_aborts_and_steps_keep_the_cache_consistent_and_tokens_exact(model, solo, overlap):
     rng = random.Random(7)
-    engine = Engine(model, max_num_seqs=6, block_size=4, kv_blocks=30, max_num_batched_tokens=20)
+    engine = Engine(model, overlap=overlap, max_num_seqs=6, block_size=4, kv_blocks=30, max_num_batched_tokens=20)
     shared = [rng.randrange(3, 64) for _ in range(12)]
     streams, aborted, n = {}, set(), 0
     for _ in range(150):
@@ -155,7 +165,7 @@ def test_random_adds_aborts_and_steps_keep_the_cache_consistent_and_tokens_exact
             streams[rid] = (p, streams[rid][1],
                             engine.add_request(rid, p, SamplingParams(max_tokens=streams[rid][1], ignore_eos=True)))
         elif op == "abort":
-            live = sorted(r for r in streams if r not in aborted and r in engine._requests)
+            live = sorted(r for r in streams if r not in aborted and engine.is_unfinished(r))
             if live:
                 rid = rng.choice(live)
                 engine.abort(rid)
@@ -243,8 +253,8 @@ def test_a_seed_makes_sampling_reproducible_whatever_the_batch(model):
     assert _tokens(list(s)) != alone
 
 
-def test_the_step_loop_thread_serves_concurrent_sync_and_async_consumers(model, solo):
-    engine = Engine(model, max_num_seqs=4, block_size=4, kv_blocks=80)
+def test_the_step_loop_thread_serves_concurrent_sync_and_async_consumers(model, solo, overlap):
+    engine = Engine(model, overlap=overlap, max_num_seqs=4, block_size=4, kv_blocks=80)
     engine.start()
     prompts = _prompts(8, 6)
     results: dict = {}
@@ -285,3 +295,40 @@ def test_llm_generate_keeps_the_order_and_accepts_one_params_per_prompt(model, s
     with pytest.raises(ValueError, match="params"):
         llm.generate(prompts, params[:2])
     assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs a GPU or Triton's interpreter")
+def test_the_triton_paged_kernels_serve_the_same_tokens(model, solo):
+    """The engine's step on the Triton kernels (the interpreter on a CPU): strided q/k/v views of
+    the fused projection; packed decode tokens and prompts, short (split-KV kernel) and long (tiled)."""
+    shared = [9, 8, 7, 6, 5]
+    prompts = [shared + [3, 4], shared + [11, 12, 13], [20], [i % 60 + 3 for i in range(40)]]
+    engine = Engine(model, max_num_seqs=4, block_size=4, kv_blocks=30, max_num_batched_tokens=64)
+    with opforge.backend("triton"), opforge.trace() as t:
+        streams = [engine.add_request(f"r{i}", p, SamplingParams(max_tokens=3, ignore_eos=True))
+                   for i, p in enumerate(prompts)]
+        outs = _drain(engine, dict(enumerate(streams)))
+    assert [_tokens(outs[i]) for i in range(4)] == [solo(p, 3) for p in prompts]
+    ran = {(e.op, e.backend, e.variant) for e in t if e.op.startswith("paged")}
+    assert {e[1] for e in ran} == {"triton"} and len({e[2] for e in ran if e[0] == "paged_attention"}) == 2, ran
+
+
+def test_a_failing_step_ends_every_stream_and_stops_the_engine(monkeypatch):
+    model = tiny_decoder(max_seq_len=64, device=DEVICE)
+    engine = Engine(model, kv_blocks=20, block_size=4)
+    engine.start()
+    with pytest.raises(RuntimeError, match="own thread"):
+        engine.step()
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no memory for the step")
+    monkeypatch.setattr(model, "paged_step", broken)
+    stream = engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4))
+    outs = list(stream)
+    assert outs[-1].finished and outs[-1].finish_reason == "abort" and outs[-1].new_token_ids == []
+    assert isinstance(engine.error, MemoryError)
+    with pytest.raises(EngineStoppedError):
+        engine.add_request("b", [1], SamplingParams())
+    engine.shutdown(timeout=10)
+    assert engine.stats().blocks_used == 0

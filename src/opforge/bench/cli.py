@@ -22,6 +22,7 @@ examples:
   opforge bench --suite seed,llm,latency --json r.json --markdown r.md --plot bw.png
   opforge bench --device cpu --shapes 2x32x256 --quick
   opforge bench --from-json r.json --compact      # re-render a saved run, no measuring
+  opforge bench --suite serve --quick             # the serving engine on small workloads
 """
 
 
@@ -83,6 +84,8 @@ def _list() -> None:
         print(f"  {name:8s} {s.description} [{ops}]", file=out)
     print("  model    a decoder end to end: decode b1/8/32 x ctx 512/4096, prefill 1x2048/8x512, bf16/int8/int4, "
           "transformers peers (--shapes 1b,8b, --budget S)", file=out)
+    print("  serve    the serving engine offline: ragged-64/256, shared-prefix (with and without prefix caching), "
+          "batch1; peers static generate, transformers generate_batch (--ops WORKLOADS, --impls, --quick)", file=out)
     print("ops: " + ", ".join(op_names()), file=out)
     print("implementations: " + ", ".join(IMPL_ORDER), file=out)
 
@@ -179,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise _UsageError("run --suite model on its own")
             from opforge.bench.suites.model import main as model_main
             return model_main(args)
+        if "serve" in (_split(args.suite) or []):      # the serving engine on workloads, not an op table
+            if _split(args.suite) != ["serve"]:
+                raise _UsageError("run --suite serve on its own")
+            from opforge.bench.suites.serve import main as serve_main
+            return serve_main(args)
         _check_out_path(args.json, "--json")
         _check_out_path(args.markdown, "--markdown")
         _check_out_path(args.plot, "--plot", (".png", ".svg", ".pdf"))

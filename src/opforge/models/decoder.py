@@ -18,6 +18,7 @@ import torch
 import opforge
 
 from .config import ModelConfig, rope_tables
+from .generate import GenerationStats, generate, last_stats
 
 
 @dataclass
@@ -66,7 +67,6 @@ class Decoder:
         self.v_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
         self.cache_seqlens = torch.zeros(max_batch, device=device, dtype=torch.int32)
         self.scale = config.head_dim ** -0.5
-        self._graphs: dict[tuple, Any] = {}   # (batch, greedy) -> captured decode step
         # CPU: the ops always check cache ranges. CUDA: never read seqlens on the host (graph capture,
         # no sync per step); prefill checks sizes itself and generate keeps seqlens in range.
         self._check = None if device.type != "cuda" else False
@@ -247,8 +247,12 @@ class Decoder:
 
     def generate(self, input_ids: Any, max_new_tokens: int, **kwargs: Any) -> list[list[int]]:
         """See ``opforge.models.generate.generate``."""
-        from .generate import generate
         return generate(self, input_ids, max_new_tokens, **kwargs)
+
+    @property
+    def last_stats(self) -> Optional[GenerationStats]:
+        """Timings of this model's last ``generate`` call (None before the first)."""
+        return last_stats(self)
 
 
 def _nbytes(obj: Any) -> int:

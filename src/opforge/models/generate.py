@@ -2,18 +2,17 @@
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from .decoder import Decoder
-
 
 @dataclass
 class GenerationStats:
-    """Timings of the last ``generate`` call (``model.last_stats``)."""
+    """Timings of the last ``generate`` call of a model (``model.last_stats``, ``last_stats(model)``)."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -32,12 +31,35 @@ class GenerationStats:
         return self.new_tokens / self.decode_s if self.decode_s else 0.0
 
 
+_GRAPHS: "weakref.WeakKeyDictionary[Any, dict[tuple, _GraphStep]]" = weakref.WeakKeyDictionary()
+_STATS: "weakref.WeakKeyDictionary[Any, GenerationStats]" = weakref.WeakKeyDictionary()
+
+
+def last_stats(model: Any) -> Optional[GenerationStats]:
+    """The timings of ``model``'s last ``generate`` call (None before the first)."""
+    return _STATS.get(model)
+
+
+def graph_step(model: Any, batch: int, greedy: bool) -> "_GraphStep":
+    """The captured decode step of ``model`` for ``batch`` sequences (captured on first use, kept
+    as long as the model lives)."""
+    graphs = _GRAPHS.setdefault(model, {})
+    if (batch, greedy) not in graphs:
+        graphs[(batch, greedy)] = _GraphStep(model, batch, greedy=greedy)
+    return graphs[(batch, greedy)]
+
+
+def release_graphs(model: Any) -> None:
+    """Drop ``model``'s captured decode steps (and the memory they hold)."""
+    _GRAPHS.pop(model, None)
+
+
 class _GraphStep:
     """One captured decode step for batch size B: static token input, logits output. ``greedy``
     also captures what follows the step in greedy decoding (argmax, the lengths' increment, the
     new tokens fed back as the next input), so a token costs one replay and no other launch."""
 
-    def __init__(self, model: Decoder, batch: int, greedy: bool = False):
+    def __init__(self, model: Any, batch: int, greedy: bool = False):
         self.tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
         self.seqlens = model.cache_seqlens[:batch]
         self.greedy = greedy
@@ -130,7 +152,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
 
-def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
+def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
              max_new_tokens: int, *, temperature: float = 0.0, top_k: Optional[int] = None,
              top_p: Optional[float] = None, stop_ids: Sequence[int] = (),
              stream: Optional[Callable[[int, int], None]] = None, generator: Optional[torch.Generator] = None,
@@ -138,6 +160,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
     """Generate up to ``max_new_tokens`` per prompt; returns the new tokens of each prompt.
 
     Args:
+        model: an ``opforge.models.Decoder``; it uses the model's static KV cache.
         input_ids: one prompt (list of ints or 1-D tensor), a batch of prompts of any lengths
             (list of lists, right-padded internally), or a (B, S) tensor.
         temperature: 0 is greedy; otherwise softmax sampling with ``top_k``/``top_p`` filtering.
@@ -175,7 +198,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
     lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
     use_graphs = graphs and model.device.type == "cuda"
     stats = GenerationStats(prompt_tokens=int(lengths.sum()), graphs=use_graphs)
-    model.last_stats = stats
+    _STATS[model] = stats
     stops = set(int(s) for s in stop_ids)
     out: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
@@ -207,10 +230,7 @@ def generate(model: Decoder, input_ids: Union[torch.Tensor, Sequence[int], Seque
         greedy = temperature <= 0
         if use_graphs and not all(done):
             t1 = time.perf_counter()
-            key = (b, greedy)
-            if key not in model._graphs:
-                model._graphs[key] = _GraphStep(model, b, greedy=greedy)
-            step = model._graphs[key]
+            step = graph_step(model, b, greedy)
             if step.greedy:
                 greedy_graph = step
                 greedy_graph.tokens.copy_(tokens)

@@ -25,10 +25,12 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
 
+from ..models.generate import argmax_rows
 from .graphs import DecodeGraphs
 from .kv_cache import SCRATCH_BLOCK, BlockManager
 from .sampling import SamplingParams, make_generator, sample_rows
@@ -37,6 +39,19 @@ from .stream import EngineStats, RequestOutput, RequestStream
 from .tokenizer import Detokenizer, encode
 
 _FROM_MODEL = object()
+
+
+@dataclass(eq=False)
+class _Launched:
+    """A queued model call: its chunks, the chunks that sample, and where their tokens appear."""
+
+    chunks: list[Chunk]
+    sampled: list[Chunk]
+    logits: torch.Tensor
+    greedy: Optional[torch.Tensor]          # device tokens when every sampled row decodes greedily
+    decode_only: bool
+    host: Optional[torch.Tensor] = None     # their copy on the host (pinned on CUDA)
+    event: Any = None                       # recorded after that copy (CUDA)
 
 
 class EngineStoppedError(RuntimeError):
@@ -83,6 +98,8 @@ class Engine:
         max_num_batched_tokens: tokens per step at most (decode tokens + prefill chunks); default
             ``max(2048, max_num_seqs)``.
         cuda_graphs: on CUDA, replay decode-only steps from CUDA graphs.
+        overlap: launch a greedy decode step's successor before reading its tokens (see
+            ``step``); off by default until measured on a GPU.
         tokenizer: a ``tokenizers.Tokenizer`` for string prompts, text and stop strings
             (default: the model's ``tokenizer`` attribute, if any).
     """
@@ -90,7 +107,7 @@ class Engine:
     def __init__(self, model: Any, *, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
                  block_size: int = 16, kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: Optional[int] = None,
-                 cuda_graphs: bool = True, tokenizer: Any = _FROM_MODEL):
+                 cuda_graphs: bool = True, overlap: bool = False, tokenizer: Any = _FROM_MODEL):
         _positive_int("max_num_seqs", max_num_seqs)
         _positive_int("block_size", block_size)
         max_model_len = model.max_seq_len if max_model_len is None else _positive_int("max_model_len", max_model_len, 2)
@@ -125,6 +142,12 @@ class Engine:
         self._stopping = False
         self.error: Optional[BaseException] = None
         self._steps, self._step_time = 0, 0.0
+        self.overlap = overlap
+        self._inflight: Optional[_Launched] = None
+        self.overlapped_steps = 0       # steps launched before their predecessor's tokens were read
+        pinned = self.device.type == "cuda"
+        self._host_tokens = [torch.zeros(max_num_seqs, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._flip = 0
 
     # ---- requests ------------------------------------------------------------------------------
     def _prompt_ids(self, prompt: Union[list[int], str]) -> list[int]:
@@ -162,8 +185,7 @@ class Engine:
         if self.cache.blocks_for(longest) > self.cache.usable_blocks:
             raise ValueError(f"prompt + max_tokens: {longest} positions need {self.cache.blocks_for(longest)} "
                              f"KV-cache blocks, the cache has {self.cache.usable_blocks} (kv_blocks)")
-        seq = Sequence(request_id, ids, params)
-        seq.generator = make_generator(params, self.device)
+        seq = Sequence(request_id, ids, params)    # its generator is made by the step loop (no device work here)
         if self.tokenizer is not None:
             seq.detokenizer = Detokenizer(self.tokenizer, ids)
         stream = RequestStream(request_id, ids)
@@ -186,8 +208,14 @@ class Engine:
             self._finish(seq, stream, "abort", [], "")
 
     def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
         with self._lock:
             return bool(self._requests)
+
+    def is_unfinished(self, request_id: str) -> bool:
+        """Whether ``request_id`` is waiting or running."""
+        with self._lock:
+            return request_id in self._requests
 
     def stats(self) -> EngineStats:
         """Counts of sequences and blocks, prefix-cache lookups, the last step's time."""
@@ -200,63 +228,128 @@ class Engine:
 
     # ---- the step --------------------------------------------------------------------------------
     def step(self) -> int:
-        """Run one step; returns the number of requests that got a token (0: nothing to do)."""
+        """Run one step; returns the number of requests that got a token (0: nothing to do).
+
+        With ``overlap``, a decode step whose batch can go on unchanged launches the next step
+        (fed with its greedy tokens on the device) before the host reads its tokens, so the host's
+        per-token work runs while the device computes; that next step's results come with the
+        following call. Only the step loop's thread steps a started engine."""
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise RuntimeError("the engine is started: its own thread runs the steps")
         t0 = time.perf_counter()
+        launched = self._inflight
+        self._inflight = None
+        if launched is None:
+            with self._lock:
+                chunks = self.scheduler.schedule()
+                if not chunks:
+                    return 0
+                launched = self._launch(chunks, [c.samples for c in chunks])
+        if self.overlap:
+            with self._lock:
+                following = self._speculate(launched)
+                if following is not None:
+                    self._inflight = self._launch(following, [True] * len(following), launched)
+                    self.overlapped_steps += 1
+        tokens = self._read(launched)
         with self._lock:
-            chunks = self.scheduler.schedule()
-            if not chunks:
-                return 0
-            batch = self._inputs(chunks)
-        sampled = [c for c in chunks if c.samples]
-        with torch.no_grad():
-            logits = self._forward(chunks, batch)
-        tokens = self._sample(sampled, logits)
-        with self._lock:
-            for chunk in chunks:
-                if chunk.seq.status != FINISHED:      # not aborted during the model call
+            for chunk in launched.chunks:
+                if chunk.seq.status != FINISHED:      # not aborted or finished meanwhile
                     self.scheduler.computed(chunk)
-            for chunk, token in zip(sampled, tokens):
+            produced = 0
+            for chunk, token in zip(launched.sampled, tokens):
                 if chunk.seq.status != FINISHED:
                     self._append(chunk.seq, token)
+                    produced += 1
             self._steps += 1
             self._step_time = time.perf_counter() - t0
-        return len(sampled)
+        return produced
 
-    def _inputs(self, chunks: list[Chunk]) -> dict[str, Any]:
-        """The step's host-side inputs (read under the lock: the tables change between steps)."""
+    def _speculate(self, prev: "_Launched") -> Optional[list[Chunk]]:
+        """The next decode step of ``prev``'s sequences if it can be launched before ``prev``'s
+        tokens are known: ``prev`` decoded greedily on the device, nobody waits for admission, no
+        sequence ends by length at ``prev`` (one ending by a stop has its extra row ignored), and
+        the pool has the blocks."""
+        if prev.greedy is None or not prev.decode_only or self.scheduler.waiting:
+            return None
+        following = []
+        for c in prev.chunks:
+            seq, p = c.seq, c.seq.params
+            if seq.status == FINISHED:
+                continue
+            if seq.generated + 1 >= p.max_tokens or c.start + 2 >= self.max_model_len:
+                return None
+            if seq.generated + 1 < p.min_tokens:
+                return None
+            following.append(Chunk(seq, c.start + 1, 1))
+        if not following or not all(self.cache.grow(c.seq.request_id, c.start + 1) for c in following):
+            return None
+        return following
+
+    def _launch(self, chunks: list[Chunk], samples: list[bool], prev: Optional["_Launched"] = None) -> "_Launched":
+        """Queue the model call of ``chunks`` (under the lock: it reads the tables). With ``prev``,
+        each chunk's one token is ``prev``'s greedy token of its sequence, still on the device."""
         ids, cu, starts, tables, rows = [], [0], [], [], []
-        for c in chunks:
-            ids.extend(c.seq.tokens[c.start:c.start + c.count])
+        for c, s in zip(chunks, samples):
+            if prev is None:
+                ids.extend(c.seq.tokens[c.start:c.start + c.count])
             cu.append(cu[-1] + c.count)
             starts.append(c.start)
-            tables.append(list(self.cache.table(c.seq.request_id)))
-            if c.samples:
+            tables.append(self.cache.table(c.seq.request_id)[:])
+            if s:
                 rows.append(cu[-1] - 1)
-        return {"ids": ids, "cu": cu, "starts": starts, "tables": tables, "rows": rows,
-                "max_query_len": max(c.count for c in chunks)}
-
-    def _forward(self, chunks: list[Chunk], batch: dict[str, Any]) -> torch.Tensor:
-        """Logits (R, V) float32 of the rows that sample."""
-        decode_only = batch["max_query_len"] == 1 and len(batch["rows"]) == len(chunks)
-        if self._graphs is not None and decode_only and self._graphs.size_for(len(chunks)) is not None:
-            return self._graphs.run(batch["ids"], batch["tables"], batch["starts"])
+        sampled = [c for c, s in zip(chunks, samples) if s]
+        greedy_ok = all(c.seq.params.greedy and not self._banned(c.seq) for c in sampled) or prev is not None
+        decode_only = cu[-1] == len(chunks) == len(rows)
         dev = self.device
-        width = max(len(t) for t in batch["tables"])
-        tables = torch.full((len(chunks), width), SCRATCH_BLOCK, dtype=torch.int32)
-        for i, row in enumerate(batch["tables"]):
-            tables[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
-        i32 = dict(dtype=torch.int32, device=dev)
-        return self.model.paged_step(torch.tensor(batch["ids"], dtype=torch.long, device=dev), self.pages,
-                                     tables.to(dev), torch.tensor(batch["starts"], **i32),
-                                     torch.tensor(batch["cu"], **i32), batch["max_query_len"],
-                                     torch.tensor(batch["rows"], dtype=torch.long, device=dev))
+        with torch.no_grad():
+            fed = None
+            if prev is not None:
+                where = {id(c.seq): i for i, c in enumerate(prev.sampled)}
+                index = [where[id(c.seq)] for c in chunks]
+                fed = prev.greedy[torch.tensor(index, device=dev)] if index != list(range(len(index))) \
+                    else prev.greedy[:len(index)]
+            if self._graphs is not None and decode_only and self._graphs.size_for(len(chunks)) is not None:
+                logits, greedy = self._graphs.run(ids if fed is None else fed, tables, starts)
+            else:
+                width = max(len(t) for t in tables)
+                flat: list[int] = []
+                for row in tables:
+                    flat += row
+                    flat += [SCRATCH_BLOCK] * (width - len(row))
+                i32 = dict(dtype=torch.int32, device=dev)
+                tokens = torch.tensor(ids, dtype=torch.long, device=dev) if fed is None else fed
+                logits = self.model.paged_step(tokens, self.pages,
+                                               torch.tensor(flat, dtype=torch.int32).view(len(chunks), width).to(dev),
+                                               torch.tensor(starts, **i32), torch.tensor(cu, **i32), max(
+                                                   c.count for c in chunks),
+                                               torch.tensor(rows, dtype=torch.long, device=dev))
+                greedy = argmax_rows(logits) if greedy_ok and sampled else None
+            launched = _Launched(chunks, sampled, logits, greedy if greedy_ok else None, decode_only)
+            if launched.greedy is not None:
+                launched.host = self._host_tokens[self._flip][:len(sampled)]
+                self._flip ^= 1
+                launched.host.copy_(launched.greedy, non_blocking=dev.type == "cuda")
+                if dev.type == "cuda":
+                    launched.event = torch.cuda.Event()
+                    launched.event.record()
+        return launched
 
-    def _sample(self, sampled: list[Chunk], logits: torch.Tensor) -> list[int]:
-        if not sampled:
+    def _read(self, launched: "_Launched") -> list[int]:
+        """The sampled tokens of a launched step (waits for it)."""
+        if not launched.sampled:
             return []
-        params = [c.seq.params for c in sampled]
-        banned = [self._banned(c.seq) for c in sampled]
-        return sample_rows(logits, params, [c.seq.generator for c in sampled], banned)
+        if launched.host is not None:
+            if launched.event is not None:
+                launched.event.synchronize()
+            return launched.host.tolist()
+        sampled = launched.sampled
+        for c in sampled:
+            if c.seq.generator is None and not c.seq.params.greedy:
+                c.seq.generator = make_generator(c.seq.params, self.device)
+        with torch.no_grad():
+            return sample_rows(launched.logits, [c.seq.params for c in sampled], [c.seq.generator for c in sampled],
+                               [self._banned(c.seq) for c in sampled])
 
     def _banned(self, seq: Sequence) -> tuple[int, ...]:
         p = seq.params

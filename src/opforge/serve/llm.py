@@ -124,7 +124,7 @@ class LLM:
             got = engine.step()
             tokens += got
             if show:
-                done = len(prompts) - sum(1 for r in ids if r in engine._requests)
+                done = len(prompts) - sum(1 for r in ids if engine.is_unfinished(r))
                 rate = tokens / max(time.perf_counter() - t0, 1e-9)
                 print(f"\rgenerate: {done}/{len(prompts)} requests, {tokens} tokens, {rate:.0f} tokens/s",
                       end="", file=sys.stderr, flush=True)

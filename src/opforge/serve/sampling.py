@@ -22,6 +22,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from ..models.generate import argmax_rows
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -122,7 +124,7 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
         for r, ids in enumerate(banned):
             if ids:
                 logits[r, list(ids)] = float("-inf")
-    out = logits.argmax(-1).tolist()
+    out = argmax_rows(logits).tolist()
     for r, p in enumerate(params):
         if p.greedy:
             continue

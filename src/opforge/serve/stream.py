@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Optional, Sequence
 
 
-@dataclass(frozen=True)
+@dataclass
 class RequestOutput:
     """One step's news for one request.
 
@@ -87,6 +87,7 @@ class RequestStream:
         self._ready = threading.Condition()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._done = False       # the finished output has been taken
+        self._sleepers = 0       # threads blocked in __iter__
 
     def put(self, output: RequestOutput) -> None:
         """Called by the engine (any thread)."""
@@ -95,7 +96,8 @@ class RequestStream:
             self.first_token_at = self.first_token_at or self.last_token_at
         with self._ready:
             self._items.append(output)
-            self._ready.notify_all()
+            if self._sleepers:
+                self._ready.notify_all()
             waiters, self._waiters = self._waiters, []
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future)
@@ -111,7 +113,9 @@ class RequestStream:
         while not self._done:
             with self._ready:
                 while not self._items:
+                    self._sleepers += 1
                     self._ready.wait()
+                    self._sleepers -= 1
                 out = self._take()
             yield out
 
