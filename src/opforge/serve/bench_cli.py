@@ -68,11 +68,12 @@ def _random_checkpoint(shape: str, dtype: Optional[str]) -> str:
 
 def _server_args(args: argparse.Namespace) -> list[str]:
     out = []
-    for name in ("device", "dtype", "quantize", "max_num_seqs", "max_model_len", "kv_memory_fraction", "kv_blocks"):
+    for name in ("device", "dtype", "quantize", "max_num_seqs", "max_model_len", "kv_memory_fraction", "kv_blocks",
+                 "max_num_batched_tokens"):
         value = getattr(args, name)
         if value is not None:
             out += [f"--{name.replace('_', '-')}", str(value)]
-    return out
+    return out + (["--overlap"] if args.overlap else []) + (["--no-prefix-caching"] if args.no_prefix_caching else [])
 
 
 def _start_server(model_dir: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
@@ -110,7 +111,9 @@ async def _offline(model_dir: str, args: argparse.Namespace, warm: list[LoadRequ
     dtype = getattr(torch, args.dtype) if args.dtype else None
     engine = build_engine(model_dir, device=args.device, dtype=dtype, quantize=args.quantize,
                           max_num_seqs=args.max_num_seqs or 256, max_model_len=args.max_model_len,
-                          kv_memory_fraction=args.kv_memory_fraction or 0.9, kv_blocks=args.kv_blocks)
+                          kv_memory_fraction=args.kv_memory_fraction or 0.9, kv_blocks=args.kv_blocks,
+                          max_num_batched_tokens=args.max_num_batched_tokens, overlap=args.overlap,
+                          enable_prefix_caching=not args.no_prefix_caching)
     engine.start()
     try:
         send = engine_sender(engine)
@@ -184,8 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", action="store_true", help="keep every request's timings in the JSON")
     p.add_argument("--json", metavar="PATH", help="write the settings, the environment and every row as JSON")
     for name, kind in (("device", str), ("dtype", str), ("quantize", str), ("max-num-seqs", int),
-                       ("max-model-len", int), ("kv-memory-fraction", float), ("kv-blocks", int)):
+                       ("max-model-len", int), ("kv-memory-fraction", float), ("kv-blocks", int),
+                       ("max-num-batched-tokens", int)):
         p.add_argument(f"--{name}", type=kind, help="passed to opforge serve (and to the offline engine)")
+    for name in ("overlap", "no-prefix-caching"):
+        p.add_argument(f"--{name}", action="store_true", help="passed to opforge serve (and to the offline engine)")
     return p
 
 

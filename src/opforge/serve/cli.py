@@ -20,12 +20,13 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optional[torch.dtype] = None,
                  quantize: Optional[str] = None, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
-                 kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None, block_size: int = 16) -> Any:
+                 kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None, block_size: int = 16,
+                 **engine_kwargs: Any) -> Any:
     """Load a checkpoint directory and wrap it in an ``Engine`` (not yet started).
 
     ``model_dir``: a checkpoint directory (or a file ``opforge.models.load`` reads, such as GGUF).
     ``max_model_len`` defaults to the checkpoint's context, capped at 8192 tokens (4096 for a
-    file). The tokenizer
+    file). ``engine_kwargs`` go to ``Engine`` (``overlap``, ``enable_prefix_caching``, ...). The tokenizer
     is the model's, else the directory's ``tokenizer.json`` (None without one: token-id prompts only).
 
     Example:
@@ -47,7 +48,7 @@ def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optiona
     model = load(model_dir, device=device, dtype=dtype, quantize=quantize, max_seq_len=max_model_len, max_batch=1)
     tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(model_dir)
     return Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
-                  kv_memory_fraction=kv_memory_fraction, kv_blocks=kv_blocks, tokenizer=tokenizer)
+                  kv_memory_fraction=kv_memory_fraction, kv_blocks=kv_blocks, tokenizer=tokenizer, **engine_kwargs)
 
 
 def kernel_backends(engine: Any) -> str:
@@ -112,6 +113,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="fraction of free device memory for the KV cache")
     p.add_argument("--kv-blocks", type=int, help="an explicit KV block count instead of --kv-memory-fraction")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--max-num-batched-tokens", type=int, help="tokens per engine step at most (decode + prefill)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="do not share equal prompt prefixes' blocks")
+    p.add_argument("--overlap", action="store_true",
+                   help="launch a greedy decode step before reading the previous one's tokens (unmeasured)")
     p.add_argument("--served-model-name", help="the name clients use (default: the directory's name)")
     p.add_argument("--api-key", default=os.environ.get("OPFORGE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $OPFORGE_API_KEY)")
@@ -121,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="seconds running requests get to finish after SIGTERM (default 30)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     args = p.parse_args(argv)
-    for name in ("max_num_seqs", "max_model_len", "kv_blocks", "block_size", "max_body_bytes"):
+    for name in ("max_num_seqs", "max_model_len", "kv_blocks", "block_size", "max_body_bytes", "max_num_batched_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -138,7 +143,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     engine = build_engine(args.model_dir, device=args.device, dtype=_DTYPES.get(args.dtype), quantize=args.quantize,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           kv_memory_fraction=args.kv_memory_fraction, kv_blocks=args.kv_blocks,
-                          block_size=args.block_size)
+                          block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                          enable_prefix_caching=not args.no_prefix_caching, overlap=args.overlap)
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model_dir))
     if os.path.isfile(args.model_dir) and not args.served_model_name:
         name = os.path.splitext(name)[0]          # model.gguf -> model
