@@ -14,6 +14,8 @@ from opforge.models import load
 
 from serving import MAX_MODEL_LEN, MODEL, ThreadServer, metric, model_dir
 
+pytestmark = pytest.mark.cpu_only     # the HTTP side; the model runs on the CPU in every test here
+
 PROMPTS = ["hello world", "the cat sat on the mat", "a", "what is 2 + 2?", "one two three four five six seven",
            "zzz", "lorem ipsum dolor sit amet, consectetur", "hi!", "abc abc abc abc", "the end.",
            "numbers 1234567890", "question: why?", "x y z", "a longer prompt that goes on for a while here",

@@ -8,6 +8,8 @@ import pytest
 from opforge.cli import main
 from opforge.serve.loadgen import Record, ragged_workload, run_load, summarize
 
+pytestmark = pytest.mark.cpu_only     # the HTTP side; the model runs on the CPU in every test here
+
 
 def test_ragged_workload_is_seeded_and_in_range():
     w = ragged_workload(200, (64, 1024), (32, 256), vocab_size=128256, seed=3)

@@ -10,6 +10,8 @@ from opforge.serve.chat_template import ChatTemplate, ChatTemplateError, load_ch
 
 from tiny_tokenizer import CHAT_TEMPLATE, write_tokenizer
 
+pytestmark = pytest.mark.cpu_only     # the HTTP side; the model runs on the CPU in every test here
+
 #: Llama-3-style: bos, headers, tojson of tools, loop.first/last, namespace, a default system date.
 LLAMA3_STYLE = (
     "{{- bos_token }}{%- set ns = namespace(sys='') %}"

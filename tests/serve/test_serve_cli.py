@@ -11,6 +11,8 @@ from opforge.cli import main
 
 from serving import MODEL, model_dir, start_process
 
+pytestmark = pytest.mark.cpu_only     # the HTTP side; the model runs on the CPU in every test here
+
 
 @pytest.fixture(scope="module")
 def directory():

@@ -6,7 +6,7 @@ at most 1% between the end of the warm-up and the end of the run.
 
 Size: ``OPFORGE_SOAK_REQUESTS`` (default 200 for CI; the full soak is 2000:
 ``OPFORGE_SOAK_REQUESTS=2000 pytest tests/serve/test_soak.py``), on ``OPFORGE_SOAK_DEVICE``
-(default cpu; ``cuda`` on a GPU machine).
+(default: cuda where there is a GPU, else cpu).
 """
 import asyncio
 import gc
@@ -20,7 +20,7 @@ import torch
 from serving import MODEL, ThreadServer, metric, model_dir
 
 REQUESTS = int(os.environ.get("OPFORGE_SOAK_REQUESTS", "200"))
-DEVICE = os.environ.get("OPFORGE_SOAK_DEVICE", "cpu")
+DEVICE = os.environ.get("OPFORGE_SOAK_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 CONCURRENCY = 16
 
 MALFORMED = [b"{oops", b'{"model": "tiny", "prompt": 7}', b'{"model": "nope", "prompt": "x"}',
