@@ -30,6 +30,24 @@ def test_attention_matches_float64(shape):
         assert event.variant == "split_kv"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiled_prefill_beside_decode_tokens(dtype):
+    """D = 64 and chunks of more than 16 tokens: the tiled kernel takes those sequences (one longer
+    than a 32-row tile), the split kernel the decode tokens and the 16-token draft."""
+    case = cases.attention_case([70, 45, 5, 33, 16], [1, 40, 3, 17, 16], 4, 2, 64, 16, dtype)
+    event, _, _ = check_case(case, "metal", device="cpu")
+    assert event.variant == "split_kv" and paged_metal.tiled(prepare_attention(*case.make("cpu")[0], 40,
+                                                                                None).problem)
+
+
+def test_tiled_kernel_alone_on_every_sequence():
+    """The tiled kernel serves short sequences and queries that see no key (zeros) too."""
+    args, ref = _attention_inputs([40, 3, 20], [1, 5, 20], 4, 1, 64, 8)
+    out = paged_metal.launch_prefill(prepare_attention(*args, 20, None))
+    assert max_rel_error(out, ref) <= TOLERANCE[torch.float32]
+    assert torch.equal(out[1:3], torch.zeros_like(out[1:3]))     # sequence 1: 5 queries over 3 keys
+
+
 @pytest.mark.parametrize("n_split", [1, 3, 5])
 def test_attention_split_counts(n_split):
     args, ref = _attention_inputs([70, 5, 33], [1, 3, 2], 4, 2, 32, 16)
@@ -83,31 +101,50 @@ def _attention_inputs(lengths, new, hq, hkv, d, bs, dtype=torch.float32):
 
 # ---- mutants: each one edit of paged.metal that the checks above must catch --------------------
 
+# (id, old text, new text, head dim): D = 32 runs the split kernel only, D = 64 the tiled kernel
+# for the 17-token sequence too.
 MUTANTS = [
-    ("wrong-block-index", "pos / block_size]", "pos / block_size + 1]"),
-    ("length-off-by-one", "clamp_l(len - n + (t - first) + 1, 0, len)", "clamp_l(len - n + (t - first) + 2, 0, len)"),
-    ("mask-aligned-to-start", "clamp_l(len - n + (t - first) + 1, 0, len)", "clamp_l((t - first) + 1, 0, len)"),
-    ("slot-ignores-block-offset", "((j0 + u) % p.block_size)", "((j0 + u) % p.block_size + 1) % p.block_size"),
+    ("wrong-block-index", "pos / block_size]", "pos / block_size + 1]", 32),
+    ("length-off-by-one", "clamp_l(len - n + (t - first) + 1, 0, len)", "clamp_l(len - n + (t - first) + 2, 0, len)",
+     32),
+    ("mask-aligned-to-start", "clamp_l(len - n + (t - first) + 1, 0, len)", "clamp_l((t - first) + 1, 0, len)", 32),
+    ("slot-ignores-block-offset", "((j0 + u) % p.block_size)", "((j0 + u) % p.block_size + 1) % p.block_size", 32),
+    ("tiled-mask-aligned-to-start", "const long shift = len - n;  //", "const long shift = 0;  //", 64),
+    ("tiled-length-off-by-one", "const bool seen = key < len && key <= qi + shift;",
+     "const bool seen = key < len && key <= qi + shift + 1;", 64),
+    ("tiled-wrong-slot", "const long slot = key % p.block_size;", "const long slot = (key + 1) % p.block_size;", 64),
+    ("tiled-decode-rows-dropped", "n > p.max_n ? start", "n >= p.max_n ? start", 64),
 ]
+
+
+def _mutant_check(d):
+    args, ref = _attention_inputs([33, 16, 5, 48], [1, 2, 16, 17], 4, 2, d, 16)
+    out = paged_metal.launch_attention(prepare_attention(*args, 17, None))
+    return max_rel_error(out, ref)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m[0] for m in MUTANTS])
 def test_mutants_are_caught(mutant, tmp_path, monkeypatch):
-    _, old, new = mutant
+    _, old, new, d = mutant
     source = paged_metal.SOURCE.read_text()
     assert source.count(old) == 1
     path = tmp_path / "paged.metal"
     path.write_text(source.replace(old, new))
     monkeypatch.setattr(paged_metal, "SOURCE", path)
-    args, ref = _attention_inputs([33, 16, 5, 48], [1, 2, 5, 17], 4, 2, 32, 16)
-    out = paged_metal.launch_attention(prepare_attention(*args, 17, None))
-    assert not max_rel_error(out, ref) <= TOLERANCE[torch.float32]
+    assert not _mutant_check(d) <= TOLERANCE[torch.float32]
 
 
-def test_unmutated_source_passes_the_mutant_check(tmp_path, monkeypatch):
+@pytest.mark.parametrize("d", [32, 64])
+def test_unmutated_source_passes_the_mutant_check(d, tmp_path, monkeypatch):
     path = tmp_path / "paged.metal"
     path.write_text(paged_metal.SOURCE.read_text())
     monkeypatch.setattr(paged_metal, "SOURCE", path)
-    args, ref = _attention_inputs([33, 16, 5, 48], [1, 2, 5, 17], 4, 2, 32, 16)
-    out = paged_metal.launch_attention(prepare_attention(*args, 17, None))
+    assert _mutant_check(d) <= TOLERANCE[torch.float32]
+
+
+def test_int64_index_tensors():
+    """int64 tables, lengths and cu_seqlens are bound as int32 copies (a device op, no host read)."""
+    args, ref = _attention_inputs([40, 7, 20], [1, 2, 17], 4, 2, 32, 8)
+    wide = args[:3] + tuple(a.long() for a in args[3:])
+    out = paged_metal.launch_attention(prepare_attention(*wide, 17, None))
     assert max_rel_error(out, ref) <= TOLERANCE[torch.float32]

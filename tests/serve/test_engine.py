@@ -332,3 +332,34 @@ def test_a_failing_step_ends_every_stream_and_stops_the_engine(monkeypatch):
         engine.add_request("b", [1], SamplingParams())
     engine.shutdown(timeout=10)
     assert engine.stats().blocks_used == 0
+
+
+def test_aborts_from_another_thread_while_the_loop_runs(model, solo, overlap):
+    engine = Engine(model, overlap=overlap, max_num_seqs=8, block_size=4, kv_blocks=120)
+    engine.start()
+    prompts = _prompts(11, 6)
+    streams = [engine.add_request(f"a{i}", p, SamplingParams(max_tokens=60, ignore_eos=True))
+               for i, p in enumerate(prompts)]
+    first = [next(iter(s)) for s in streams[:3]]          # the loop is producing tokens
+    for i in range(3):
+        engine.abort(f"a{i}")
+    outs = [list(s) for s in streams]
+    engine.shutdown(timeout=30)
+    for i, (p, out) in enumerate(zip(prompts, outs)):
+        got = ([first[i]] if i < 3 else []) + out
+        tokens = _tokens(got)
+        assert tokens == solo(p, 60)[:len(tokens)]
+        assert got[-1].finish_reason == ("abort" if i < 3 else "length")
+    assert engine.stats().blocks_used == 0
+    engine.cache.check(idle=True)
+
+
+def test_max_model_len_ends_a_request_with_length(model, solo, overlap):
+    engine = Engine(model, overlap=overlap, max_model_len=20, block_size=4, kv_blocks=20)
+    prompt = list(range(3, 18))                            # 15 tokens: room for 5 new ones
+    stream = engine.add_request("r", prompt, SamplingParams(max_tokens=100, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    outs = list(stream)
+    assert _tokens(outs) == solo(prompt, 5) and outs[-1].finish_reason == "length"
+    assert engine.stats().blocks_used == 0

@@ -105,3 +105,34 @@ def test_llm_from_a_checkpoint_directory_with_a_tokenizer(tok):
     outs = llm.generate(["héllo", "wörld 🙂"], SamplingParams(max_tokens=6, ignore_eos=True), progress=False)
     assert [len(o.token_ids) for o in outs] == [6, 6]
     assert all(o.text == tok.decode(o.token_ids) or "\ufffd" in tok.decode(o.token_ids) for o in outs)
+
+
+def _frequencies(params: SamplingParams, logits: torch.Tensor, n: int = 4000) -> torch.Tensor:
+    from opforge.serve.sampling import make_generator
+    rows = logits.expand(n, -1)
+    gens = [make_generator(SamplingParams(**{**params.__dict__, "seed": i})) for i in range(n)]
+    got = sample_rows(rows, [params] * n, gens)
+    return torch.bincount(torch.tensor(got), minlength=logits.shape[-1]).double() / n
+
+
+def test_sampling_follows_the_filtered_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    p = torch.softmax(logits[0].double() / 0.7, -1)
+    freq = _frequencies(SamplingParams(temperature=0.7), logits)
+    assert (freq - p).abs().max() < 0.03
+    top2 = _frequencies(SamplingParams(temperature=0.7, top_k=2), logits)
+    assert top2[2:].sum() == 0 and (top2[:2] - p[:2] / p[:2].sum()).abs().max() < 0.03
+    # top_p 0.8: the smallest prefix of the sorted tokens whose mass reaches 0.8
+    keep = int((p.cumsum(0) - p < 0.8).sum())
+    nucleus = _frequencies(SamplingParams(temperature=0.7, top_p=0.8), logits)
+    assert nucleus[keep:].sum() == 0 and (nucleus[:keep] - p[:keep] / p[:keep].sum()).abs().max() < 0.03
+    tiny = _frequencies(SamplingParams(temperature=0.7, top_p=1e-6), logits, 200)
+    assert tiny[0] == 1.0                                     # the most likely token always survives top-p
+
+
+def test_banned_tokens_are_never_sampled():
+    from opforge.serve.sampling import make_generator
+    params = SamplingParams(temperature=5.0, seed=3)
+    logits = torch.zeros(300, 4)
+    got = sample_rows(logits, [params] * 300, [make_generator(params)] * 300, [(1, 2)] * 300)
+    assert set(got) == {0, 3}

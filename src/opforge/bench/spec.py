@@ -22,11 +22,13 @@ Outputs = tuple[torch.Tensor, ...]
 
 #: Names of the implementations the harness knows, in report order.
 OPFORGE = "opforge"
+#: opforge's own kernel on another layout of the same data (the paged ops' contiguous-cache peer).
+CONTIGUOUS = "opforge-contiguous"
 TORCH = "torch"
 COMPILE = "torch.compile"
 LIGER = "liger"
 CPU = "torch-cpu"
-IMPL_ORDER: tuple[str, ...] = (OPFORGE, TORCH, COMPILE, LIGER, CPU)
+IMPL_ORDER: tuple[str, ...] = (OPFORGE, CONTIGUOUS, TORCH, COMPILE, LIGER, CPU)
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,

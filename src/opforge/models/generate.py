@@ -1,6 +1,7 @@
 """Generation: prefill, then one decode step per token (replayed from a CUDA graph on CUDA)."""
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections import deque
@@ -90,6 +91,7 @@ class _GraphStep:
         return self.next
 
 
+@functools.lru_cache(maxsize=None)
 def _argmax_chunk(v: int) -> Optional[int]:
     """The largest divisor of ``v`` in 256..2048 (a chunk of ``argmax_rows``' first stage), or None."""
     for chunk in range(2048, 255, -1):

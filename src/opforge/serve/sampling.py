@@ -8,8 +8,8 @@ Example:
     >>> import torch
     >>> params = SamplingParams(max_tokens=4, temperature=0.8, top_k=2, seed=7)
     >>> logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]])
-    >>> a = sample_rows(logits, [params], [make_generator(params, torch.device("cpu"))])
-    >>> b = sample_rows(logits, [params], [make_generator(params, torch.device("cpu"))])
+    >>> a = sample_rows(logits, [params], [make_generator(params)])
+    >>> b = sample_rows(logits, [params], [make_generator(params)])
     >>> a == b and a[0] in (1, 2)
     True
 """
@@ -90,34 +90,44 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
 
-def make_generator(params: SamplingParams, device: torch.device) -> Optional[torch.Generator]:
-    """The request's own generator (None for greedy): seeded by ``params.seed``, else at random."""
+def make_generator(params: SamplingParams) -> Optional[random.Random]:
+    """The request's own source of uniform draws (None for greedy): seeded by ``params.seed``,
+    else at random. One draw per token, on the host, so sampling rows of a batch costs no launch
+    per row and a request's draws do not depend on the rest of the batch."""
     if params.greedy:
         return None
-    g = torch.Generator(device=device)
-    g.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
-    return g
+    return random.Random(params.seed if params.seed is not None else random.getrandbits(63))
 
 
-def _filter(logits: torch.Tensor, top_k: Optional[int], top_p: Optional[float]) -> torch.Tensor:
-    """One row of float logits with the tokens outside top-k / top-p set to -inf."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        probs, order = logits.softmax(-1).sort(descending=True)
-        ahead = probs.cumsum(-1) - probs                 # mass of the tokens before each one
-        drop = torch.zeros_like(ahead, dtype=torch.bool).scatter(-1, order, ahead >= top_p)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+def _draw(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: Sequence[float]) -> torch.Tensor:
+    """Tokens (R,) drawn from float logits (R, V) under each row's temperature, top-k and top-p,
+    by inverting each row's cumulative distribution at its uniform draw (all rows at once)."""
+    r, v = logits.shape
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=dev, dtype=torch.float32)
+    ks = torch.tensor([min(p.top_k or v, v) for p in params], device=dev)
+    ps = torch.tensor([p.top_p or 1.0 for p in params], device=dev, dtype=torch.float32)
+    ordered, order = (logits / temps[:, None]).sort(dim=-1, descending=True)
+    rank = torch.arange(v, device=dev)[None, :]
+    ordered = ordered.masked_fill(rank >= ks[:, None], float("-inf"))                # top-k
+    probs = ordered.softmax(-1)
+    ahead = probs.cumsum(-1) - probs                                                # mass before each token
+    ordered = ordered.masked_fill((ahead >= ps[:, None]) & (rank > 0), float("-inf"))   # top-p (keeps the first)
+    probs = ordered.softmax(-1)
+    cdf = probs.cumsum(-1)
+    u = torch.tensor(uniforms, device=dev, dtype=torch.float32)[:, None] * cdf[:, -1:]
+    kept = (ordered > float("-inf")).sum(-1, keepdim=True)
+    pick = torch.searchsorted(cdf, u, right=True).clamp_(max=kept - 1)
+    return order.gather(-1, pick)[:, 0]
 
 
 def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
-                generators: Sequence[Optional[torch.Generator]],
+                generators: Sequence[Optional[random.Random]],
                 banned: Optional[Sequence[Sequence[int]]] = None) -> list[int]:
     """The next token of each row of ``logits`` (R, V) under its request's parameters.
 
-    ``banned[r]``: token ids row r may not produce now (end-of-sequence before ``min_tokens``).
+    ``generators[r]``: row r's ``make_generator`` (None for greedy rows). ``banned[r]``: token ids
+    row r may not produce now (end-of-sequence before ``min_tokens``).
     """
     if banned is not None and any(banned):
         logits = logits.clone()
@@ -125,9 +135,37 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
             if ids:
                 logits[r, list(ids)] = float("-inf")
     out = argmax_rows(logits).tolist()
-    for r, p in enumerate(params):
-        if p.greedy:
-            continue
-        row = _filter(logits[r].float() / p.temperature, p.top_k, p.top_p)
-        out[r] = int(torch.multinomial(row.softmax(-1), 1, generator=generators[r]))
+    rows = [r for r, p in enumerate(params) if not p.greedy]
+    if rows:
+        drawn = _draw(logits[rows].float(), [params[r] for r in rows], [generators[r].random() for r in rows])
+        for r, token in zip(rows, drawn.tolist()):
+            out[r] = token
     return out
+
+
+def release_text(held: str, delta: str, stops: Sequence[str]) -> tuple[str, str, bool]:
+    """Stop strings on streamed text: ``(released, still_held, stopped)`` after new text ``delta``.
+
+    Text before a stop string is released and the stop string dropped (``stopped``); otherwise
+    everything is released except an ending that could be the start of a stop string, which is
+    held until the next text decides.
+
+    Example:
+        >>> release_text("", "Hello, wo", ["world"])
+        ('Hello, ', 'wo', False)
+        >>> release_text("wo", "rld!", ["world"])
+        ('', '', True)
+        >>> release_text("wo", "w!", ["world"])
+        ('wow!', '', False)
+    """
+    pending = held + delta
+    found = [i for i in (pending.find(s) for s in stops) if i >= 0]
+    if found:
+        return pending[:min(found)], "", True
+    keep = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(pending)), keep, -1):
+            if pending.endswith(s[:k]):
+                keep = k
+                break
+    return pending[:len(pending) - keep], pending[len(pending) - keep:], False

@@ -46,7 +46,7 @@ class Sequence:
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
     preemptions: int = 0
-    generator: Any = None                              # the request's torch.Generator when sampling
+    generator: Any = None                              # the request's random.Random when sampling
     detokenizer: Any = None
     text: str = ""                                     # released text (stop strings removed)
     held: str = ""                                     # decoded text not yet released (a stop may start in it)

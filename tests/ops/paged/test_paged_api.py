@@ -125,3 +125,88 @@ def test_explain_names_the_variant():
     lens = torch.tensor([5, 3], dtype=I32)
     text = str(opforge.explain("paged_attention", torch.randn(4, 4, 8), kp, vp, tables, lens, cu, max_query_len=3))
     assert "paged_attention" in text and "chosen: torch.reference" in text
+
+
+@pytest.mark.cpu_only
+def test_torch_compile_fullgraph_matches_eager():
+    """All three ops are single graph nodes under torch.compile (the in-place rotary too)."""
+    from opforge.ops.rotary.cases import rope_tables
+
+    layout = cases.make_layout([20, 9], [2, 9], 8, share=False)
+    kp, vp = torch.randn(layout.num_blocks, 8, 2, 16), torch.randn(layout.num_blocks, 8, 2, 16)
+    q, k, v = torch.randn(11, 4, 16), torch.randn(11, 2, 16), torch.randn(11, 2, 16)
+    before = torch.tensor([18, 0], dtype=I32)
+    after = before + torch.tensor([2, 9], dtype=I32)
+    tables, cu = layout.block_tables, layout.cu_seqlens
+    cos, sin = rope_tables(64, 16, "cpu")
+
+    def step(q, kp, vp):
+        q = opforge.paged_rotary_kv_cache_append(q, k, v, kp, vp, tables, before, cu, cos, sin, inplace=True)
+        opforge.paged_kv_cache_append(kp, vp, k, v, tables, before, cu)
+        return opforge.paged_attention(q, kp, vp, tables, after, cu, max_query_len=9)
+
+    inputs = (q.clone(), kp.clone(), vp.clone())
+    eager = step(*inputs)
+    compiled_inputs = (q.clone(), kp.clone(), vp.clone())
+    out = torch.compile(step, fullgraph=True, backend="aot_eager")(*compiled_inputs)
+    torch._dynamo.reset()
+    assert torch.allclose(out, eager, atol=1e-6)
+    for a, b in zip(inputs, compiled_inputs):
+        assert torch.allclose(a, b, atol=1e-6)          # q rotated in place, the pools written
+
+
+def test_a_known_signature_still_checks_values():
+    """The second call with the same shapes skips the metadata checks, never the value checks."""
+    kp, vp, k, v, tables, lens, cu = _setup()
+    opforge.paged_kv_cache_append(kp, vp, k, v, tables, lens, cu)
+    _refuses(IndexError, r"cache_seqlens\[1\]", opforge.paged_kv_cache_append, kp, vp, k, v, tables,
+             torch.tensor([0, 10 ** 4], dtype=I32), cu, pools=(kp, vp))
+    q = torch.randn(4, 4, 8)
+    after = lens + (cu[1:] - cu[:-1])
+    opforge.paged_attention(q, kp, vp, tables, after, cu, max_query_len=3)
+    _refuses(ValueError, "max_query_len = 3", opforge.paged_attention, q, kp, vp, tables, after,
+             torch.tensor([0, 0, 4], dtype=I32), max_query_len=3)
+    cos, sin = torch.randn(16, 4), torch.randn(16, 4)
+    opforge.paged_rotary_kv_cache_append(q, k, v, kp, vp, tables, lens, cu, cos, sin)
+    _refuses(IndexError, r"positions must be in \[0, 16\)", opforge.paged_rotary_kv_cache_append, q, k, v, kp, vp,
+             tables, lens, cu, cos, sin, torch.tensor([0, 1, 2, 16]), pools=(kp, vp))
+    opforge.paged_rotary_kv_cache_append(q, k, v, kp, vp, tables, lens, cu, cos[:8], sin[:8])
+    _refuses(IndexError, r"positions must be in \[0, 8\)", opforge.paged_rotary_kv_cache_append, q, k, v, kp, vp,
+             tables, torch.tensor([4, 8], dtype=I32), cu, cos[:8], sin[:8], pools=(kp, vp))
+
+
+@pytest.mark.cpu_only
+def test_custom_ops_pass_torch_library_opcheck():
+    from opforge.ops.rotary.cases import rope_tables
+
+    layout = cases.make_layout([20, 9], [2, 9], 8, share=False)
+    kp, vp = torch.randn(layout.num_blocks, 8, 2, 16), torch.randn(layout.num_blocks, 8, 2, 16)
+    q, k, v = torch.randn(11, 4, 16), torch.randn(11, 2, 16), torch.randn(11, 2, 16)
+    before = torch.tensor([18, 0], dtype=I32)
+    after = before + torch.tensor([2, 9], dtype=I32)
+    cos, sin = rope_tables(64, 16, "cpu")
+    t, cu = layout.block_tables, layout.cu_seqlens
+    checks = [(torch.ops.opforge.paged_attention.default, (q, kp, vp, t, after, cu), {"max_query_len": 9}),
+              (torch.ops.opforge.paged_kv_cache_append.default, (kp, vp, k, v, t, before, cu), {}),
+              (torch.ops.opforge.paged_rotary_kv_cache_append.default, (q, k, v, kp, vp, t, before, cu, cos, sin), {})]
+    for op, args, kwargs in checks:
+        result = torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_faketensor"))
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_explain_every_op():
+    kp, vp, k, v, tables, lens, cu = _setup()
+    q, cos, sin = torch.randn(4, 4, 8), torch.randn(16, 4), torch.randn(16, 4)
+    append = str(opforge.explain("paged_kv_cache_append", kp, vp, k, v, tables, lens, cu, check=False))
+    rotary = str(opforge.explain("paged_rotary_kv_cache_append", q, k, v, kp, vp, tables, lens, cu, cos, sin,
+                                 positions=torch.zeros(4, dtype=I32), interleaved=True))
+    assert "paged_kv_cache_append on T=4 B=2" in append and "R=8 interleaved" in rotary
+
+
+def test_tokens_without_sequences_are_refused_by_shape():
+    """B = 0 with T > 0 is refused from the shapes alone (so on a GPU too): no kernel could place them."""
+    kp, vp = torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)
+    none = torch.zeros(0, 2, dtype=I32), torch.zeros(0, dtype=I32), torch.zeros(1, dtype=I32)
+    _refuses(ValueError, "no sequence", opforge.paged_kv_cache_append, kp, vp, torch.ones(2, 2, 8),
+             torch.ones(2, 2, 8), *none, pools=(kp, vp))
+    _refuses(ValueError, "no sequence", opforge.paged_attention, torch.ones(2, 4, 8), kp, vp, *none, max_query_len=1)

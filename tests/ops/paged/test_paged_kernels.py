@@ -24,12 +24,30 @@ def _oracle(args, scale):
     return reference.paged_attention(q.double(), kp.double(), vp.double(), tables, lens, cu, scale)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 20])
 def test_decode_every_split_count(splits):
-    """Slices of the length (some empty for the short sequence) merge to the oracle."""
-    args = _attention_args([70, 5, 33], [1, 3, 2], 4, 2, 32, 16)
+    """Slices of the length (some empty for the short sequences) merge to the oracle; above 16
+    slices the merge reads its partials in several chunks."""
+    args = _attention_args([70, 5, 33] if splits < 16 else [400, 5, 33], [1, 3, 2], 4, 2, 32, 16)
     call = prepare_attention(*args, 3, None)
     out = tk.launch_decode(call, splits=splits)
+    assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_mixed_step_runs_each_sequence_once(splits):
+    """Decode tokens, a 16-token draft and prefill chunks in one step: the split kernel takes the
+    sequences with at most 16 new tokens, the prefill kernel the others, no row written twice or
+    left out (outputs start as NaN)."""
+    args = _attention_args([70, 40, 5, 33, 16], [1, 30, 3, 16, 17], 4, 2, 32, 16)
+    out = tk.launch_mixed(prepare_attention(*args, 30, None), splits=splits)
+    assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]
+
+
+def test_prefill_kernel_takes_every_sequence():
+    """The prefill kernel alone serves short sequences too (tests and tuning call it so)."""
+    args = _attention_args([40, 7, 16], [1, 4, 1], 4, 2, 32, 16)
+    out = tk.launch_prefill(prepare_attention(*args, 20, None))
     assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]
 
 

@@ -43,8 +43,8 @@ def test_attention_matches_float64(backend, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_attention_prefill_kernel_on_decode_steps(backend):
-    """max_query_len above 16 sends even one-token sequences through the prefill kernel."""
+def test_attention_long_max_query_len_on_short_sequences(backend):
+    """max_query_len above 16 with only short sequences: the step's kernels split them right."""
     check_case(cases.attention_case([40, 7, 16], [1, 4, 1], 4, 2, 32, 16, torch.float32, max_query_len=20), backend)
 
 
@@ -147,3 +147,48 @@ def test_rotary_append_explicit_positions_and_inplace(backend):
     assert max_rel_error(out, eq) <= TOLERANCE[torch.float32]
     written = ~torch.isnan(ek)
     assert max_rel_error(kp[written], ek[written]) <= TOLERANCE[torch.float32]
+
+
+# ---- random layouts (hypothesis) -----------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def _steps(draw):
+    """A step: 1..4 sequences, each with 1..40 positions of which 1..all are new."""
+    b = draw(st.integers(1, 4))
+    lengths = draw(st.lists(st.integers(1, 40), min_size=b, max_size=b))
+    new = [draw(st.integers(1, n)) for n in lengths]
+    return lengths, new
+
+
+@settings(max_examples=8)
+@given(step=_steps(), hkv=st.integers(1, 2), ratio=st.sampled_from([1, 3, 4]), d=st.sampled_from([16, 24, 64]),
+       block_size=st.sampled_from([1, 4, 16, 32]), decode_kernel=st.booleans(),
+       dtype=st.sampled_from(DTYPES))
+def test_attention_random_layouts(step, hkv, ratio, d, block_size, decode_kernel, dtype):
+    lengths, new = step
+    mq = max(new) if decode_kernel and max(new) <= 16 else max(max(new), 17)
+    event, _, _ = check_case(cases.attention_case(lengths, new, hkv * ratio, hkv, d, block_size, dtype, mq),
+                             "triton")
+    assert event.variant == ("split_kv" if mq <= 16 else "prefill")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int64_index_tensors(backend):
+    """Tables, lengths and cu_seqlens may be int64 (the kernels read either width)."""
+    for new in ([1, 2, 17], [1, 2, 3]):                   # the prefill and split kernels, the decode one
+        case = cases.attention_case([33, 16, 25], new, 4, 2, 32, 8, torch.float32)
+        args, kwargs = case.make(DEVICE)
+        wide = args[:3] + tuple(a.long() for a in args[3:])
+        with opforge.backend(backend):
+            out = opforge.paged_attention(*wide, **kwargs)
+        assert max_rel_error(out, case.oracle(args, kwargs)) <= TOLERANCE[torch.float32]
+    append = cases.append_case([33, 16, 25], [1, 2, 17], 2, 32, 8, torch.float32)
+    args, _ = append.make(DEVICE)
+    kp, vp, k, v, tables, lens, cu, k0, v0 = args
+    with opforge.backend(backend):
+        opforge.paged_kv_cache_append(kp, vp, k, v, tables.long(), lens.long(), cu.long())
+    ek, ev = append.oracle(args, {})
+    assert torch.equal(kp.double(), ek) and torch.equal(vp.double(), ev)

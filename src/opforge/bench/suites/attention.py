@@ -20,8 +20,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from opforge.bench.spec import OPFORGE, TORCH, BuildContext, Inputs, OpSpec, Shape, Suite, SuiteEntry, register_op, \
+from opforge.bench.spec import CONTIGUOUS, OPFORGE, TORCH, BuildContext, Inputs, OpSpec, Shape, Suite, SuiteEntry, register_op, \
     register_suite
+from opforge.bench.suites import paged
 from opforge.bench.targets import no_slower_than
 
 PREFILL_SHAPES = ((16, 32, 1024, 128), (4, 32, 4096, 128), (1, 32, 16384, 128), (16, 32, 1024, 64),
@@ -102,12 +103,14 @@ DECODE_ATTENTION = register_op(OpSpec("decode_attention", _decode_inputs, _decod
 ATTENTION_SUITE = register_suite(
     Suite(
         name="attention",
-        description="prefill bf16 (B,H,S,D) causal and not, decode bf16 (B,Hq,Hkv,ctx,D) vs torch SDPA",
+        description="prefill bf16 (B,H,S,D) causal and not, decode bf16 (B,Hq,Hkv,ctx,D) vs torch SDPA; paged "
+                    "decode / prefill / append vs opforge on the contiguous cache",
         entries=[SuiteEntry("attention", PREFILL_SHAPES, (torch.bfloat16,)),
                  SuiteEntry("attention_causal", PREFILL_SHAPES, (torch.bfloat16,)),
-                 SuiteEntry("decode_attention", DECODE_SHAPES, (torch.bfloat16,))],
-        impls=(OPFORGE, TORCH),
+                 SuiteEntry("decode_attention", DECODE_SHAPES, (torch.bfloat16,)),
+                 *paged.ENTRIES],
+        impls=(OPFORGE, CONTIGUOUS, TORCH),
         metric="gpu_us",
-        targets=[no_slower_than(TORCH, "gpu_us")],
+        targets=[no_slower_than(TORCH, "gpu_us"), *paged.TARGETS],
     )
 )

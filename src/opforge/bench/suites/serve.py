@@ -13,15 +13,15 @@ request counts by 4, for CPU smoke runs. Reported per workload: generated tokens
 submission to the last token), time to first token p50/p99, peak GPU memory, prefix-cache hit
 rate, preemptions. Greedy decoding; end-of-sequence ignored, so every request makes its tokens.
 
-``opforge`` runs the engine as it is by default; ``opforge-overlap`` with ``overlap=True`` (a
-greedy decode step's successor launched before its tokens are read). Peers in the same run: ``static`` (``opforge.models.generate`` on batches of 32 in arrival order,
+``opforge`` runs the engine as it is by default (overlapped decode steps: a greedy decode step's
+successor launched before its tokens are read); ``opforge-serial`` with ``overlap=False``. Peers in the same run: ``static`` (``opforge.models.generate`` on batches of 32 in arrival order,
 each batch running to its longest request; tokens/s counts the requested tokens only) and
 ``transformers`` (its continuous batching, ``generate_batch``'s manager with each request's own
 ``max_new_tokens``; when importable; an error is recorded, the run goes on; by default on CUDA
 only, as its start-up takes ~50 s per run on a CPU).
 
 Run: ``opforge bench --suite serve [--shapes 1b,8b] [--dtypes bf16,int4] [--ops ragged-64,...]
-[--impls opforge,opforge-overlap,static,transformers] [--quick] [--json serve.json]``.
+[--impls opforge,opforge-serial,static,transformers] [--quick] [--json serve.json]``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from .model_grid import _config, _first_line, sync
 
 SHAPES = ("tiny", "1b", "8b")
 PRECISIONS = ("bf16", "int8", "int4")
-IMPLS = ("opforge", "opforge-overlap", "static", "transformers")
+IMPLS = ("opforge", "opforge-serial", "static", "transformers")
 STATIC_BATCH = 32
 
 
@@ -56,7 +56,18 @@ class Workload:
 
     @property
     def longest(self) -> int:
+        """Positions the engine needs for one request at most (prompt + its new tokens)."""
         return max(len(p) + n for p, n in zip(self.prompts, self.outputs))
+
+    @property
+    def static_longest(self) -> int:
+        """Positions static ``generate`` needs: its batches of ``STATIC_BATCH`` run every request
+        to the batch's longest prompt plus its most new tokens."""
+        spans = []
+        for i in range(0, len(self.prompts), STATIC_BATCH):
+            batch = range(i, min(i + STATIC_BATCH, len(self.prompts)))
+            spans.append(max(len(self.prompts[j]) for j in batch) + max(self.outputs[j] for j in batch))
+        return max(spans)
 
 
 def workloads(vocab: int, scale: int = 1, names: Optional[Sequence[str]] = None) -> list[Workload]:
@@ -105,10 +116,15 @@ def _reset_peak(device: torch.device) -> None:
 
 
 def _warm(engine: Any, vocab: int, longest_prompt: int) -> None:
-    """Compile the kernels and capture every padded decode size: requests ending one step apart
-    take the batch through all sizes; one long prompt runs the prefill path."""
+    """Compile the kernels and capture every padded decode size: one long prompt alone (a step of
+    one sequence), then requests ending one step apart take the batch through all sizes, and one
+    more long prompt runs the prefill path beside decode tokens."""
     from opforge.serve import SamplingParams
     n = engine.max_num_seqs
+    engine.add_request("warm-solo", [5] * min(longest_prompt, engine.max_model_len - 2),
+                       SamplingParams(max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
     for i in range(n):
         engine.add_request(f"warm{i}", [3 + i % (vocab - 3)] * 8, SamplingParams(max_tokens=i + 1, ignore_eos=True))
     engine.add_request("warm-long", [5] * min(longest_prompt, engine.max_model_len - 2),
@@ -119,7 +135,7 @@ def _warm(engine: Any, vocab: int, longest_prompt: int) -> None:
 
 
 def run_engine(model: Any, w: Workload, device: torch.device, max_num_seqs: int, vocab: int,
-               max_num_batched_tokens: Optional[int] = None, overlap: bool = False) -> dict[str, Any]:
+               max_num_batched_tokens: Optional[int] = None, overlap: bool = True) -> dict[str, Any]:
     """One workload through a new ``Engine``, warmed up first (kernels compiled, graphs captured)."""
     from opforge.serve import Engine, SamplingParams
     engine = Engine(model, max_num_seqs=max_num_seqs, enable_prefix_caching=w.prefix_caching,
@@ -207,7 +223,7 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shapes = shapes or (["1b"] if dev.type == "cuda" else ["tiny"])
     precisions = precisions or ["bf16"]
-    impls = impls or (list(IMPLS) if dev.type == "cuda" else ["opforge", "opforge-overlap", "static"])
+    impls = impls or (list(IMPLS) if dev.type == "cuda" else ["opforge", "opforge-serial", "static"])
     # (transformers' start-up takes ~50 s per run on a CPU)
     unknown = [s for s in shapes if s not in SHAPES] + [p for p in precisions if p not in PRECISIONS] + \
         [i for i in impls if i not in IMPLS]
@@ -233,7 +249,7 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
         ws = workloads(config["vocab_size"], scale, names)
         if not ws:
             raise ValueError(f"serve suite: no workload among {names}")
-        longest = max(w.longest for w in ws)
+        longest = max(max(w.longest, w.static_longest if "static" in impls else 0) for w in ws)
         dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16       # CPU: bf16 matmuls are slow
         directory = tempfile.mkdtemp(prefix=f"opforge-serve-{shape}-")
         try:
@@ -243,13 +259,13 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
                 model = load(directory, device=dev, dtype=dtype, quantize=quantize, max_seq_len=longest + 8,
                              max_batch=STATIC_BATCH if "static" in impls else 1)
                 max_num_seqs = max(len(w.prompts) for w in ws)
-                for impl in ("opforge", "opforge-overlap"):
+                for impl in ("opforge", "opforge-serial"):
                     if impl in impls:
                         for w in ws:
                             record(shape, precision, w, impl,
                                    lambda: run_engine(model, w, dev, max_num_seqs, config["vocab_size"],
                                                       None if scale == 1 else 2048 // scale,
-                                                      overlap=impl == "opforge-overlap"))
+                                                      overlap=impl == "opforge"))
                             _reset_peak(dev)
                 if "static" in impls:
                     for w in ws:
@@ -262,11 +278,42 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
                                                                                         "transformers", fn))
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+    result["summary"] = summary(result["rows"])
+    for line in result["summary"]:
+        print(line, file=out)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1, default=str)
         print(f"wrote {json_path}", file=out)
     return result
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The comparisons the targets are stated in: each engine run against the static batches of
+    the same workload, and shared-prefix time to first token against the run without caching.
+
+    Example:
+        >>> rows = [{"shape": "1b", "precision": "bf16", "workload": "ragged-64", "impl": i, "tokens_per_s": t}
+        ...         for i, t in (("opforge", 18000.0), ("static", 9000.0))]
+        >>> summary(rows)
+        ['1b bf16 ragged-64: opforge 18000 tokens/s = 2.00x static']
+    """
+    ok = {(r["shape"], r["precision"], r["workload"], r["impl"]): r for r in rows if "error" not in r}
+    lines = []
+    for (shape, precision, workload, impl), r in ok.items():
+        if not impl.startswith("opforge"):
+            continue
+        static = ok.get((shape, precision, workload, "static"))
+        if static:
+            lines.append(f"{shape} {precision} {workload}: {impl} {r['tokens_per_s']:.0f} tokens/s = "
+                         f"{r['tokens_per_s'] / static['tokens_per_s']:.2f}x static")
+        if workload == "shared-prefix":
+            nocache = ok.get((shape, precision, "shared-prefix-nocache", impl))
+            if nocache and nocache.get("ttft_p50_ms"):
+                lines.append(f"{shape} {precision} shared-prefix: {impl} time to first token p50 "
+                             f"{r['ttft_p50_ms']:.1f} ms = {r['ttft_p50_ms'] / nocache['ttft_p50_ms']:.2f}x "
+                             "the run without prefix caching")
+    return lines
 
 
 def _transformers_rows(directory: str, dev: torch.device, dtype: torch.dtype, ws: list[Workload], record: Any) -> None:

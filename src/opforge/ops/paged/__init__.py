@@ -18,9 +18,22 @@ import torch
 
 from ...runtime import alloc, dispatch
 from ...runtime.compile_support import compiled
+from ...runtime.lru import LRU
 from . import fakes, reference
 from .problem import (OPS, AppendCall, AttentionCall, RotaryAppendCall, attention_wants_check, check_append_values,
-                      check_attention_values, prepare_append, prepare_attention, prepare_rotary_append, wants_check)
+                      check_attention_values, prepare_append, prepare_attention, prepare_rotary_append, signature,
+                      wants_check)
+
+# Signatures of calls that passed validation (with their problems): a later call with the same
+# signature skips the metadata checks, which cost more host time than a decode step's kernel.
+_valid_append: LRU[tuple, object] = LRU(4096, "paged_kv_cache_append.valid_signatures")
+_valid_rotary_append: LRU[tuple, object] = LRU(4096, "paged_rotary_kv_cache_append.valid_signatures")
+_valid_attention: LRU[tuple, tuple] = LRU(4096, "paged_attention.valid_signatures")
+
+
+def _indices_as_given(call, block_tables, cache_seqlens, cu_seqlens) -> bool:
+    """Validation kept the caller's index tensors (no contiguous copy): the signature may be reused."""
+    return call.block_tables is block_tables and call.cache_seqlens is cache_seqlens and call.cu_seqlens is cu_seqlens
 
 
 def _torch_launch(call):
@@ -38,17 +51,21 @@ def _torch_launch(call):
 
 
 def _problem_builder(op: str):
-    def build(*args, **kwargs):
-        kwargs.pop("check", None)
-        if op == "paged_attention":
-            return prepare_attention(*args[:6], kwargs["max_query_len"], kwargs.get("scale")).problem
-        if op == "paged_rotary_kv_cache_append":
-            full = list(args) + [None] * (11 - len(args))
-            return prepare_rotary_append(*full[:11], kwargs.get("interleaved", False),
-                                         kwargs.get("inplace", False)).problem
-        return prepare_append(*args).problem
+    """``explain``'s problem for an op, from the op's own arguments."""
+    def append(k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens, *, check=None):
+        return prepare_append(k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens).problem
 
-    return build
+    def rotary_append(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, cos, sin, positions=None, *,
+                      interleaved=False, inplace=False, check=None):
+        return prepare_rotary_append(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, cos, sin,
+                                     positions, interleaved, inplace).problem
+
+    def attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, *, max_query_len, scale=None):
+        return prepare_attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, max_query_len,
+                                 scale).problem
+
+    return {"paged_kv_cache_append": append, "paged_rotary_kv_cache_append": rotary_append,
+            "paged_attention": attention}[op]
 
 
 def _register() -> None:
@@ -98,7 +115,14 @@ def paged_kv_cache_append(k_pages: torch.Tensor, v_pages: torch.Tensor, k: torch
         >>> kp[:, :, 0, 0].tolist()     # seq 0 -> block 3 slot 1; seq 1 -> block 1 slots 0-1, block 2 slot 0
         [[0.0, 0.0], [2.0, 3.0], [4.0, 0.0], [0.0, 1.0]]
     """
-    call = prepare_append(k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens)
+    sig = signature(k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens)
+    problem = _valid_append.get(sig)
+    if problem is not None:
+        call = AppendCall(problem, k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens)
+    else:
+        call = prepare_append(k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens)
+        if _indices_as_given(call, block_tables, cache_seqlens, cu_seqlens):
+            _valid_append.put(sig, call.problem)
     if wants_check(check, call.problem.device_type):
         check_append_values(call)
     if call.k.numel() == 0:
@@ -147,8 +171,17 @@ def paged_rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         >>> torch.equal(vp[0, :2], v[1:])
         True
     """
-    call = prepare_rotary_append(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, cos, sin,
-                                 positions, interleaved, inplace)
+    sig = signature(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, cos, sin, positions,
+                    interleaved, inplace)
+    problem = _valid_rotary_append.get(sig)
+    if problem is not None:
+        app = AppendCall(problem, k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens)
+        call = RotaryAppendCall(problem, app, q, cos, sin, positions, inplace)
+    else:
+        call = prepare_rotary_append(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, cos, sin,
+                                     positions, interleaved, inplace)
+        if _indices_as_given(call.app, block_tables, cache_seqlens, cu_seqlens) and call.positions is positions:
+            _valid_rotary_append.put(sig, call.problem)
     if wants_check(check, call.problem.device_type):
         check_append_values(call.app)
         _check_positions(call)
@@ -193,7 +226,9 @@ def paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tenso
         max_query_len: a host int >= the most new tokens of any sequence. It picks the kernel
             (split-KV decode up to 16, tiled prefill above) and sizes the launch, so the call never
             reads a device tensor on the host: capturable in a CUDA graph, replayed with new
-            lengths and tables. Rows of a sequence with more queries than this are not computed.
+            lengths and tables. Above 16, the sequences of the step with at most 16 new tokens
+            still run the decode kernel. Rows of a sequence with more queries than
+            ``max_query_len`` are not computed.
         scale: multiplies the scores; ``1 / sqrt(D)`` by default.
 
     Returns:
@@ -217,7 +252,14 @@ def paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tenso
         >>> torch.allclose(out[1:], ref[0].transpose(0, 1), atol=1e-5)
         True
     """
-    call = prepare_attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, max_query_len, scale)
+    sig = signature(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, max_query_len, scale)
+    known = _valid_attention.get(sig)
+    if known is not None:
+        call = AttentionCall(known[0], q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, known[1])
+    else:
+        call = prepare_attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, max_query_len, scale)
+        if _indices_as_given(call, block_tables, cache_seqlens, cu_seqlens):
+            _valid_attention.put(sig, (call.problem, call.scale))
     if attention_wants_check(call.problem.device_type):
         check_attention_values(call)
     p = call.problem

@@ -14,7 +14,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ...testing import DTYPES, Case
-from . import paged_attention, paged_kv_cache_append, reference
+from ..rotary.cases import rope_tables
+from . import paged_attention, paged_kv_cache_append, paged_rotary_kv_cache_append, reference
 
 
 @dataclass
@@ -42,8 +43,9 @@ class PagedLayout:
         """(num_blocks, block_size) bool: slots holding one of the first ``lengths[b]`` positions of some b."""
         owned = torch.zeros(self.num_blocks * self.block_size, dtype=torch.bool)
         for b, length in enumerate(lengths):
-            for p in range(length):
-                owned[int(self.block_tables[b, p // self.block_size]) * self.block_size + p % self.block_size] = True
+            pos = torch.arange(length)
+            blocks = self.block_tables[b].long()[pos // self.block_size]
+            owned[blocks * self.block_size + pos % self.block_size] = True
         return owned.view(self.num_blocks, self.block_size)
 
 
@@ -134,6 +136,41 @@ def append_case(lengths: Sequence[int], new_tokens: Sequence[int], hkv: int, d: 
     return Case("paged_kv_cache_append", shape, dtype, text, make, _append_call, _append_oracle)
 
 
+def _rotary_append_call(q, k, v, k_pages, v_pages, tables, lens, cu, cos, sin, k_pages0, v_pages0):
+    q_out = paged_rotary_kv_cache_append(q, k, v, k_pages, v_pages, tables, lens, cu, cos, sin)
+    return q_out, k_pages, v_pages
+
+
+def _rotary_append_oracle(args: tuple, kwargs: dict) -> tuple:
+    q, k, v, _, _, tables, lens, cu, cos, sin, k0, v0 = args
+    ek, ev = k0.double(), v0.double()
+    q_out = reference.paged_rotary_kv_cache_append(q.double(), k.double(), v.double(), ek, ev, tables, lens, cu,
+                                                   cos.double(), sin.double())
+    return q_out, ek, ev
+
+
+def rotary_append_case(lengths: Sequence[int], new_tokens: Sequence[int], hq: int, hkv: int, d: int,
+                       block_size: int, dtype: torch.dtype, rotary_dim: int = 0) -> Case:
+    """``paged_rotary_kv_cache_append`` at each token's cache position (``rotary_dim`` 0: R = D), on
+    random pools (every slot compared), with copies of the pools before the call for the oracle."""
+    r = rotary_dim or d
+
+    def make(device):
+        layout = make_layout(lengths, new_tokens, block_size)
+        shape = (layout.num_blocks, block_size, hkv, d)
+        kp, vp = torch.randn(shape, dtype=dtype, device=device), torch.randn(shape, dtype=dtype, device=device)
+        t = layout.tokens
+        q, k, v = (torch.randn(t, h, d, dtype=dtype, device=device) for h in (hq, hkv, hkv))
+        before = [n - m for n, m in zip(lengths, new_tokens)]
+        cos, sin = rope_tables(max(lengths) + 1, r, device)
+        return (q, k, v, kp, vp, *_indices(layout, before, device), cos, sin, kp.clone(), vp.clone()), {}
+
+    shape = (len(lengths), hq, hkv, d, block_size)
+    text = f"lens={','.join(map(str, lengths))} new={','.join(map(str, new_tokens))}{f' R={r}' if r != d else ''}"
+    return Case("paged_rotary_kv_cache_append", shape, dtype, text, make, _rotary_append_call,
+                _rotary_append_oracle)
+
+
 def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
     """Mixed steps (decode tokens, short and long chunks), lengths ending mid-block and at a block's
     end, GQA, a few block sizes."""
@@ -152,5 +189,7 @@ def verify_cases(device_type: str, quick: bool = False) -> list[Case]:
         if not quick:
             cases.append(attention_case(*mixed, hq, hkv, d, 16, dtype))
         cases.append(append_case(*mixed, hkv, d, 16, dtype))
+        cases.append(rotary_append_case(*mixed, hq, hkv, d, 16, dtype))
     cases.append(attention_case(*mixed, hq, hkv, d, 8, torch.bfloat16))
+    cases.append(rotary_append_case(*mixed, hq, hkv, d, 8, torch.float32, rotary_dim=d // 2))
     return cases

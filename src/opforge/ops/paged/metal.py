@@ -3,10 +3,12 @@
 The kernels are in ``paged.metal`` next to this file (see its header for the exact semantics,
 which match the Triton kernels):
 
-* ``split_kv`` (``paged_attention``, any ``max_query_len``): one threadgroup per (token, kv head,
-  chunk of up to 8 of its query heads, KV split), a simdgroup per query head, a key per lane;
-  partial outputs merged by a combine kernel. Every query row is independent, so one kernel
-  serves decode tokens and prefill chunks (prefill is not tiled: correct, not fast).
+* ``split_kv`` (``paged_attention``): one threadgroup per (token, kv head, chunk of up to 8 of its
+  query heads, KV split), a simdgroup per query head, a key per lane; partial outputs merged by a
+  combine kernel. With ``max_query_len`` > 16 and D in ``PREFILL_HEAD_DIMS`` it takes the
+  sequences with at most 16 new tokens, and ``paged_prefill`` (simdgroup 8x8 matrices, a
+  threadgroup per 32 new tokens of a sequence and query head) the others; any other D runs every
+  row through the split kernel (correct, not tiled).
 * ``scatter`` (``paged_kv_cache_append``) and ``fused`` (``paged_rotary_kv_cache_append``): a
   32-thread threadgroup per (token, head).
 
@@ -25,7 +27,7 @@ import torch
 from ...runtime import alloc
 from ...runtime import metal as metal_runtime
 from ...runtime.errors import kernel_dtype_reason
-from .problem import AppendCall, AttentionCall, PagedProblem, RotaryAppendCall
+from .problem import MAX_DECODE_QUERIES, AppendCall, AttentionCall, PagedProblem, RotaryAppendCall
 
 SOURCE = Path(__file__).with_name("paged.metal")
 SIMD_WIDTH = metal_runtime.SIMD_WIDTH
@@ -35,6 +37,10 @@ MAX_HEADS = 8             # kHeads: query heads (simdgroups) per attention threa
 TARGET_GROUPS = 1024      # enough threadgroups to fill a large Apple GPU
 MAX_SPLITS = 64
 MIN_SPLIT_KEYS = 64
+PREFILL_HEAD_DIMS = (64, 80, 96, 128, 256)   # PAGED_PREFILL_KERNELS in paged.metal
+PREFILL_ROWS = 32         # kTileRows: new tokens per prefill threadgroup
+PREFILL_THREADS = 128     # kPrefillThreads: 4 simdgroups
+EVERY_SEQUENCE = 1 << 62  # a max_n no sequence exceeds
 
 
 def kernel_name(kind: str, dtype: torch.dtype) -> str:
@@ -81,13 +87,12 @@ def splits(rows: int, capacity: int) -> int:
     return max(1, min(want, MAX_SPLITS, -(-capacity // MIN_SPLIT_KEYS)))
 
 
-def launch_attention(call: AttentionCall, n_split: Optional[int] = None) -> torch.Tensor:
-    """Run a validated ``AttentionCall``; ``n_split`` fixes the number of KV splits."""
+def _split_into(call: AttentionCall, out: torch.Tensor, max_n: int, n_split: Optional[int]) -> None:
+    """The split kernel and its merge for the tokens of sequences with at most ``max_n`` new tokens."""
     p = call.problem
     device, dtype = call.q.device, p.dtype
     q, kp, vp = (_bound(n, t, dtype, device) for n, t in (("q", call.q), ("k_pages", call.k_pages),
                                                            ("v_pages", call.v_pages)))
-    out = alloc.empty((p.tokens, p.q_heads, p.head_dim), dtype, device)
     rows = p.tokens * p.q_heads
     n_split = n_split or splits(rows, p.capacity)
     per_split = -(-max(p.capacity, 1) // n_split)
@@ -95,13 +100,62 @@ def launch_attention(call: AttentionCall, n_split: Optional[int] = None) -> torc
     part_o = torch.empty(rows * n_split * p.head_dim, dtype=torch.float32, device=device)
     part_lse = torch.empty(rows * n_split, dtype=torch.float32, device=device)
     heads = heads_per_threadgroup(p.group)
+    cu = _int32(call.cu_seqlens)
     shape = [p.tokens, p.batch, p.q_heads, p.group, heads, p.head_dim, p.block_size, p.max_blocks, p.num_blocks,
-             n_split, chunk, q.stride(0), q.stride(1), *kp.stride()[:3], *vp.stride()[:3]]
+             n_split, chunk, q.stride(0), q.stride(1), *kp.stride()[:3], *vp.stride()[:3], max_n]
     attend = metal_runtime.kernel(SOURCE, kernel_name("attention", dtype), device.type)
     combine = metal_runtime.kernel(SOURCE, kernel_name("combine", dtype), device.type)
-    attend(q, kp, vp, _int32(call.block_tables), _int32(call.cache_seqlens), _int32(call.cu_seqlens), part_o,
-           part_lse, shape, float(call.scale), threads=rows * n_split * SIMD_WIDTH, group_size=heads * SIMD_WIDTH)
-    combine(part_o, part_lse, out, [p.head_dim, n_split], threads=rows * SIMD_WIDTH, group_size=SIMD_WIDTH)
+    attend(q, kp, vp, _int32(call.block_tables), _int32(call.cache_seqlens), cu, part_o, part_lse, shape,
+           float(call.scale), threads=rows * n_split * SIMD_WIDTH, group_size=heads * SIMD_WIDTH)
+    combine(part_o, part_lse, out, cu, [p.batch, p.q_heads, max_n, p.head_dim, n_split], threads=rows * SIMD_WIDTH,
+            group_size=SIMD_WIDTH)
+
+
+def _prefill_into(call: AttentionCall, out: torch.Tensor, min_n: int) -> None:
+    """The tiled kernel for the sequences with at least ``min_n`` new tokens."""
+    p = call.problem
+    device, dtype = call.q.device, p.dtype
+    q, kp, vp = (_bound(n, t, dtype, device) for n, t in (("q", call.q), ("k_pages", call.k_pages),
+                                                           ("v_pages", call.v_pages)))
+    groups = p.batch * p.q_heads * -(-p.max_query_len // PREFILL_ROWS)
+    shape = [p.batch, p.q_heads, p.group, p.max_query_len, min_n, p.block_size, p.max_blocks, p.num_blocks,
+             q.stride(0), q.stride(1), *kp.stride()[:3], *vp.stride()[:3], out.stride(0), out.stride(1)]
+    fn = metal_runtime.kernel(SOURCE, f"paged_prefill_{TYPE_NAMES[dtype]}_d{p.head_dim}", device.type)
+    fn(q, kp, vp, out, _int32(call.block_tables), _int32(call.cache_seqlens), _int32(call.cu_seqlens), shape,
+       float(call.scale), threads=groups * PREFILL_THREADS, group_size=PREFILL_THREADS)
+
+
+def tiled(p: PagedProblem) -> bool:
+    """Whether a call runs the tiled prefill kernel for its long sequences.
+
+    Example:
+        >>> from opforge.ops.paged.problem import PagedProblem
+        >>> tiled(PagedProblem("paged_attention", torch.float16, "mps", 2, 600, 32, 8, 128, 16, 99, 40, 512))
+        True
+    """
+    return not p.decode and p.head_dim in PREFILL_HEAD_DIMS
+
+
+def launch_attention(call: AttentionCall, n_split: Optional[int] = None) -> torch.Tensor:
+    """Run a validated ``AttentionCall``: the split kernel for every sequence, or (``tiled``) for
+    the sequences with at most 16 new tokens and the tiled kernel for the others; ``n_split``
+    fixes the split kernel's number of KV splits."""
+    p = call.problem
+    out = alloc.empty((p.tokens, p.q_heads, p.head_dim), p.dtype, call.q.device)
+    if tiled(p):
+        _split_into(call, out, MAX_DECODE_QUERIES, n_split)
+        _prefill_into(call, out, MAX_DECODE_QUERIES + 1)
+    else:
+        _split_into(call, out, EVERY_SEQUENCE, n_split)
+    return out
+
+
+def launch_prefill(call: AttentionCall) -> torch.Tensor:
+    """The tiled kernel for every sequence, whatever its number of new tokens (tests); D must be in
+    ``PREFILL_HEAD_DIMS``."""
+    p = call.problem
+    out = alloc.empty((p.tokens, p.q_heads, p.head_dim), p.dtype, call.q.device)
+    _prefill_into(call, out, 0)
     return out
 
 
@@ -154,7 +208,8 @@ def supports(p: PagedProblem) -> Optional[str]:
 VARIANTS = {
     "paged_attention": (
         ("split_kv", supports, launch_attention,
-         "a key per lane over the table's blocks, simd_max/simd_sum, KV splits merged by a combine kernel"),
+         "a key per lane over the table's blocks, simd_max/simd_sum, KV splits merged by a combine kernel; "
+         "chunks of more than 16 tokens by simdgroup 8x8 matrices (D in 64, 80, 96, 128, 256)"),
     ),
     "paged_kv_cache_append": (
         ("scatter", supports, launch_append, "a 32-thread threadgroup per (token, head) into its slot"),

@@ -20,7 +20,12 @@
 //       accumulates dimensions lane, lane + 32, ... of P V, the block's probabilities and block ids
 //       taken from each lane with simd_shuffle.  The split writes its normalised partial output
 //       and log-sum-exp (-inf if it saw no key).
+//       Tokens of a sequence with more than max_n new tokens are left to paged_prefill.
 //   paged_combine_T   - one 32-thread threadgroup per (token, query head): the splits merged.
+//   paged_prefill_T_dD - one threadgroup of 4 simdgroups per (sequence, query head, tile of 32 of its
+//       new tokens) for the sequences with at least min_n new tokens (D in {64, 80, 96, 128, 256}):
+//       Q as simdgroup 8x8 matrices, blocks of 8 keys staged from their pages, S = Q K^T and P V by
+//       8x8 multiply-accumulates, online softmax in float32, blocks past the tile's last row skipped.
 //   paged_append_T    - one 32-thread threadgroup per (token, kv head): the row into its slot.
 //   paged_rotary_append_T - one 32-thread threadgroup per (token, head of q, k or v): q and k
 //       heads rotated (rotate-half or interleaved pairs, float32), q into q_out, k into its slot;
@@ -78,7 +83,7 @@ inline long block_of(device const int* tables, long b, long pos, long block_size
 
 struct AttentionShape {
   long tokens, batch, q_heads, group, heads_per_group, d, block_size, max_blocks, num_blocks, n_split, chunk;
-  long q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
+  long q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, max_n;
 };
 
 template <typename T>
@@ -102,7 +107,8 @@ inline void paged_attention(device const T* q, device const T* k, device const T
   const long len = clamp_l(long(lens[b]), 0, p.max_blocks * p.block_size);
   const long visible = clamp_l(len - n + (t - first) + 1, 0, len);
   const long start = split * p.chunk;
-  const long end = min_l(start + p.chunk, visible);
+  // a sequence with more than max_n new tokens is the tiled kernel's: no key read (combine skips it)
+  const long end = n > p.max_n ? start : min_l(start + p.chunk, visible);
   const long d = p.d;
   threadgroup float* qs = qs_all + sg * kMaxD;
   device const T* qp = q + t * p.q_st + h * p.q_sh;
@@ -170,9 +176,14 @@ inline void paged_attention(device const T* q, device const T* k, device const T
 }
 
 template <typename T>
-inline void paged_combine(device const float* part_o, device const float* part_lse, device T* o, long d,
-                          long n_split, uint tg, uint lane) {
+inline void paged_combine(device const float* part_o, device const float* part_lse, device T* o,
+                          device const int* cu, long batch, long q_heads, long max_n, long d, long n_split, uint tg,
+                          uint lane) {
   const long row = long(tg);
+  const long b = find_sequence(cu, batch, row / q_heads);
+  if (long(cu[b + 1]) - long(cu[b]) > max_n) {
+    return;  // the tiled kernel's row
+  }
   device const float* lse = part_lse + row * n_split;
   float mx = neg_inf();
   for (long s = lane; s < n_split; s += 32) {
@@ -197,6 +208,146 @@ inline void paged_combine(device const float* part_o, device const float* part_l
       a /= w;
     }
     o[row * d + c] = T(a);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tiled prefill: sequences with more than min_n new tokens.
+
+constant constexpr int kRows = 8;        // query rows per simdgroup
+constant constexpr int kKeys = 8;        // keys per step
+constant constexpr int kSimdgroups = 4;  // simdgroups per threadgroup
+constant constexpr int kTileRows = kRows * kSimdgroups;
+constant constexpr int kPrefillThreads = 32 * kSimdgroups;
+
+struct PrefillShape {
+  long batch, q_heads, group, max_query_len, min_n, block_size, max_blocks, num_blocks;
+  long q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_st, o_sh;
+};
+
+// One threadgroup per (sequence, query head, tile of 32 of the sequence's new tokens), 8 rows per
+// simdgroup: Q (scaled) held as D/8 simdgroup 8x8 matrices; blocks of 8 keys staged once per
+// threadgroup from their pages (zeros past the tile's last visible key or for a block outside
+// the pool); S = Q K^T and P V by 8x8 multiply-accumulates; online softmax in float32 on 8 lanes.
+template <typename T, int D>
+inline void paged_prefill(device const T* q, device const T* k, device const T* v, device T* o,
+                          device const int* tables, device const int* lens, device const int* cu,
+                          thread const PrefillShape& p, float scale, uint tg, uint sg, uint lane, uint tid,
+                          threadgroup float* kt, threadgroup float* vt, threadgroup float* scratch,
+                          threadgroup float* corr_all, threadgroup float* row_m_all, threadgroup float* row_l_all) {
+  const long q_blocks = (p.max_query_len + kTileRows - 1) / kTileRows;
+  const long blk = long(tg) % q_blocks;
+  const long h = (long(tg) / q_blocks) % p.q_heads;
+  const long b = long(tg) / (q_blocks * p.q_heads);
+  const long first = long(cu[b]);
+  const long n = long(cu[b + 1]) - first;
+  if (n < p.min_n || blk * kTileRows >= n) {
+    return;  // the whole threadgroup: another kernel's sequence, or a tile past its tokens
+  }
+  const long hk = h / p.group;
+  const long q0 = blk * kTileRows + long(sg) * kRows;  // this simdgroup's first query row
+  constexpr long d = D;
+  constexpr long nd = D / 8;
+  const long len = clamp_l(long(lens[b]), 0, p.max_blocks * p.block_size);
+  const long shift = len - n;  // query i sees keys j <= i + shift
+  device const T* qp = q + first * p.q_st + h * p.q_sh;
+  device T* op = o + first * p.o_st + h * p.o_sh;
+  threadgroup float* sp = scratch + sg * (kRows * kKeys);
+  threadgroup float* corr = corr_all + sg * (kRows * kKeys);
+  threadgroup float* row_m = row_m_all + sg * kRows;
+  threadgroup float* row_l = row_l_all + sg * kRows;
+
+  const long last_row = min_l(blk * kTileRows + kTileRows, n) - 1;
+  const long kend = clamp_l(last_row + shift + 1, 0, len);  // keys the tile's last row sees
+
+  simdgroup_float8x8 qf[nd];
+  simdgroup_float8x8 acc[nd];
+  for (long i = 0; i < nd; ++i) {
+    for (long e = lane; e < kRows * 8; e += 32) {
+      const long r = e / 8, c = e % 8;
+      sp[e] = q0 + r < n ? float(qp[(q0 + r) * p.q_st + i * 8 + c]) * scale : 0.0f;
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_load(qf[i], sp, 8);
+    acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (lane < uint(kRows)) {
+    row_m[lane] = neg_inf();
+    row_l[lane] = 0.0f;
+  }
+
+  for (long k0 = 0; k0 < kend; k0 += kKeys) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // every simdgroup is done with the last block
+    for (long i = tid; i < kKeys * d; i += kPrefillThreads) {
+      const long r = i / d, c = i % d;
+      const long key = k0 + r;
+      const long kb = key < kend ? block_of(tables, b, key, p.block_size, p.max_blocks, p.num_blocks) : -1;
+      const long slot = key % p.block_size;
+      kt[r * D + c] = kb >= 0 ? float(k[kb * p.k_sb + slot * p.k_ss + hk * p.k_sh + c]) : 0.0f;
+      vt[r * D + c] = kb >= 0 ? float(v[kb * p.v_sb + slot * p.v_ss + hk * p.v_sh + c]) : 0.0f;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+
+    simdgroup_float8x8 s = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    for (long i = 0; i < nd; ++i) {
+      simdgroup_float8x8 kf;  // K^T: dims i*8.. x the block's keys
+      simdgroup_load(kf, kt + i * 8, D, ulong2(0, 0), true);
+      simdgroup_multiply_accumulate(s, qf[i], kf, s);
+    }
+    simdgroup_store(s, sp, kKeys);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+
+    if (lane < uint(kRows)) {
+      const long r = lane;
+      const long qi = q0 + r;
+      const float m_old = row_m[r];
+      float m_new = m_old;
+      for (long c = 0; c < kKeys; ++c) {
+        const long key = k0 + c;
+        const bool seen = key < len && key <= qi + shift;
+        const float x = seen ? sp[r * kKeys + c] : neg_inf();
+        sp[r * kKeys + c] = x;
+        m_new = max(m_new, x);
+      }
+      const bool none = m_new == neg_inf();  // nothing seen yet: accumulators and probabilities stay 0
+      const float alpha = none ? 1.0f : exp(m_old - m_new);
+      float sum = 0.0f;
+      for (long c = 0; c < kKeys; ++c) {
+        const float e = none ? 0.0f : exp(sp[r * kKeys + c] - m_new);
+        sp[r * kKeys + c] = e;
+        sum += e;
+      }
+      row_m[r] = m_new;
+      row_l[r] = row_l[r] * alpha + sum;
+      for (long c = 0; c < kKeys; ++c) {
+        corr[r * kKeys + c] = c == r ? alpha : 0.0f;
+      }
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+
+    simdgroup_float8x8 pf, cf;
+    simdgroup_load(pf, sp, kKeys);
+    simdgroup_load(cf, corr, kKeys);
+    for (long i = 0; i < nd; ++i) {
+      simdgroup_float8x8 vf;
+      simdgroup_load(vf, vt + i * 8, D);
+      simdgroup_multiply(acc[i], cf, acc[i]);
+      simdgroup_multiply_accumulate(acc[i], pf, vf, acc[i]);
+    }
+  }
+
+  for (long i = 0; i < nd; ++i) {
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_store(acc[i], sp, 8);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    for (long e = lane; e < kRows * 8; e += 32) {
+      const long r = e / 8, c = e % 8;
+      if (q0 + r < n) {
+        const float l = row_l[r];
+        op[(q0 + r) * p.o_st + i * 8 + c] = T(l > 0.0f ? sp[e] / l : 0.0f);
+      }
+    }
   }
 }
 
@@ -316,14 +467,14 @@ inline void paged_rotary_append(device const T* q, device const T* k, device con
     const AttentionShape p = {shape[0],  shape[1],  shape[2],  shape[3],  shape[4],              \
                               shape[5],  shape[6],  shape[7],  shape[8],  shape[9],              \
                               shape[10], shape[11], shape[12], shape[13], shape[14],             \
-                              shape[15], shape[16], shape[17], shape[18]};                       \
+                              shape[15], shape[16], shape[17], shape[18], shape[19]};            \
     paged_attention<T>(q, k, v, tables, lens, cu, part_o, part_lse, p, scale, tg, sg, lane, qs);  \
   }                                                                                              \
   [[kernel]] void paged_combine_##T(                                                             \
       device const float *part_o [[buffer(0)]], device const float *part_lse [[buffer(1)]],      \
-      device T *o [[buffer(2)]], constant long *shape [[buffer(3)]],                             \
+      device T *o [[buffer(2)]], device const int *cu [[buffer(3)]], constant long *shape [[buffer(4)]], \
       uint tg [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {       \
-    paged_combine<T>(part_o, part_lse, o, shape[0], shape[1], tg, lane);                         \
+    paged_combine<T>(part_o, part_lse, o, cu, shape[0], shape[1], shape[2], shape[3], shape[4], tg, lane); \
   }                                                                                              \
   [[kernel]] void paged_append_##T(                                                              \
       device const T *k [[buffer(0)]], device const T *v [[buffer(1)]], device T *kp [[buffer(2)]], \
@@ -352,8 +503,40 @@ inline void paged_rotary_append(device const T* q, device const T* k, device con
     paged_rotary_append<T>(q, k, v, qo, kp, vp, cos_t, sin_t, positions, tables, lens, cu, p, tg, lane); \
   }
 
+#define PAGED_PREFILL_KERNEL(T, D)                                                               \
+  [[kernel]] void paged_prefill_##T##_d##D(                                                     \
+      device const T *q [[buffer(0)]], device const T *k [[buffer(1)]],                          \
+      device const T *v [[buffer(2)]], device T *o [[buffer(3)]],                                \
+      device const int *tables [[buffer(4)]], device const int *lens [[buffer(5)]],              \
+      device const int *cu [[buffer(6)]], constant long *shape [[buffer(7)]],                    \
+      constant float &scale [[buffer(8)]], uint tg [[threadgroup_position_in_grid]],             \
+      uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]],      \
+      uint lane [[thread_index_in_simdgroup]]) {                                                 \
+    threadgroup float kt[kKeys * D];                                                             \
+    threadgroup float vt[kKeys * D];                                                             \
+    threadgroup float scratch[kSimdgroups * kRows * kKeys];                                      \
+    threadgroup float corr[kSimdgroups * kRows * kKeys];                                         \
+    threadgroup float row_m[kSimdgroups * kRows];                                                \
+    threadgroup float row_l[kSimdgroups * kRows];                                                \
+    const PrefillShape p = {shape[0],  shape[1],  shape[2],  shape[3],  shape[4],  shape[5],     \
+                            shape[6],  shape[7],  shape[8],  shape[9],  shape[10], shape[11],    \
+                            shape[12], shape[13], shape[14], shape[15], shape[16], shape[17]};   \
+    paged_prefill<T, D>(q, k, v, o, tables, lens, cu, p, scale, tg, sg, lane, tid, kt, vt, scratch, corr, \
+                        row_m, row_l);                                                           \
+  }
+
+#define PAGED_PREFILL_KERNELS(T) \
+  PAGED_PREFILL_KERNEL(T, 64)    \
+  PAGED_PREFILL_KERNEL(T, 80)    \
+  PAGED_PREFILL_KERNEL(T, 96)    \
+  PAGED_PREFILL_KERNEL(T, 128)   \
+  PAGED_PREFILL_KERNEL(T, 256)
+
 PAGED_KERNELS(float)
 PAGED_KERNELS(half)
+PAGED_PREFILL_KERNELS(float)
+PAGED_PREFILL_KERNELS(half)
 #if __METAL_VERSION__ >= 310
 PAGED_KERNELS(bfloat)
+PAGED_PREFILL_KERNELS(bfloat)
 #endif

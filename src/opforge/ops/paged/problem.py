@@ -111,6 +111,26 @@ class AttentionCall:
         self.scale, self.note = scale, ""
 
 
+def signature(*items: object) -> tuple:
+    """Every fact validation depends on, short of the values: each tensor's shape, strides, dtype
+    and device, and each other argument with its type. A call whose signature passed validation
+    before passes it again (only the host value checks still run).
+
+    Example:
+        >>> import torch
+        >>> x = torch.zeros(2, 3)
+        >>> signature(x, 1, None) == signature(x + 1, 1, None), signature(x, 1) == signature(x, True)
+        (True, False)
+    """
+    facts: list = []
+    for x in items:
+        if isinstance(x, torch.Tensor):
+            facts += (x.shape, x.stride(), x.dtype, x.device)
+        else:
+            facts += (type(x), x)
+    return tuple(facts)
+
+
 def _tensor(name: str, t: object, ndim: int) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -171,9 +191,12 @@ def _check_tokens(name: str, t: object, pages: torch.Tensor, heads: Optional[int
     return t
 
 
-def _check_indices(block_tables, cache_seqlens, cu_seqlens, device) -> tuple[torch.Tensor, ...]:
+def _check_indices(block_tables, cache_seqlens, cu_seqlens, device, tokens: int) -> tuple[torch.Tensor, ...]:
     block_tables = _tensor("block_tables", block_tables, 2)
     b = block_tables.shape[0]
+    if b == 0 and tokens:
+        raise ValueError(f"block_tables has no sequence (B = 0) but there are T = {tokens} new tokens: "
+                         "cu_seqlens = [0] allows none")
     block_tables = _index("block_tables", block_tables, tuple(block_tables.shape), device, "(B, max_blocks)")
     cache_seqlens = _index("cache_seqlens", cache_seqlens, (b,), device, f"(B,) = ({b},)")
     cu_seqlens = _index("cu_seqlens", cu_seqlens, (b + 1,), device, f"(B + 1,) = ({b + 1},)")
@@ -205,7 +228,7 @@ def prepare_append(k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqle
     if v.shape != k.shape:
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     block_tables, cache_seqlens, cu_seqlens = _check_indices(block_tables, cache_seqlens, cu_seqlens,
-                                                             k_pages.device)
+                                                             k_pages.device, k.shape[0])
     problem = PagedProblem(op, k_pages.dtype, k_pages.device.type, block_tables.shape[0], k.shape[0], 0, hkv, d,
                            bs, nb, block_tables.shape[1])
     return AppendCall(problem, k_pages, v_pages, k, v, block_tables, cache_seqlens, cu_seqlens)
@@ -270,7 +293,7 @@ def prepare_attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqle
     if hq % hkv != 0:
         raise ValueError(f"q has {hq} heads, which is not a multiple of the {hkv} heads of k_pages and v_pages")
     block_tables, cache_seqlens, cu_seqlens = _check_indices(block_tables, cache_seqlens, cu_seqlens,
-                                                             k_pages.device)
+                                                             k_pages.device, t)
     if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
         raise TypeError(f"max_query_len must be a host int (the most new tokens of one sequence), "
                         f"got {type(max_query_len).__name__}")
