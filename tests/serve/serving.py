@@ -64,14 +64,7 @@ class ThreadServer:
         return self
 
     def wait_idle(self, timeout: float = 30.0) -> None:
-        """Until /metrics shows no request running or waiting and no KV block in use."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if (metric(self.url, "opforge_kv_blocks_used") == 0 and metric(self.url, "opforge_requests_running") == 0
-                    and metric(self.url, "opforge_requests_waiting") == 0):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"the server did not return to idle within {timeout} s")
+        wait_idle(self.url, timeout)
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
@@ -87,10 +80,22 @@ def metric(url: str, name: str, headers: Optional[dict] = None) -> float:
     return float(m.group(1))
 
 
-def start_process(directory: str, *args: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str, str]:
+def wait_idle(url: str, timeout: float = 30.0) -> None:
+    """Until /metrics shows no request running or waiting and no KV block in use."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (metric(url, "opforge_kv_blocks_used") == 0 and metric(url, "opforge_requests_running") == 0
+                and metric(url, "opforge_requests_waiting") == 0):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not return to idle within {timeout} s")
+
+
+def start_process(directory: str, *args: str, env: Optional[dict] = None,
+                  device: str = "cpu") -> tuple[subprocess.Popen, str, str]:
     """``python -m opforge serve DIR --port P ...``; returns the process, its URL and its ready line."""
     port = free_port()
-    cmd = [sys.executable, "-m", "opforge", "serve", directory, "--port", str(port), "--device", "cpu",
+    cmd = [sys.executable, "-m", "opforge", "serve", directory, "--port", str(port), "--device", device,
            "--dtype", "float32", "--kv-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN),
            "--served-model-name", MODEL, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

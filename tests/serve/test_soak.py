@@ -1,15 +1,16 @@
 """Soak: many requests, 10% of clients disconnecting mid-stream, 5% malformed requests.
 
-The server stays up, every well-formed request that was not disconnected gets its full answer,
-the KV blocks return to idle, and the process's memory (host RSS; GPU allocated on CUDA) grows by
-at most 1% between the end of the warm-up and the end of the run.
+The server (an ``opforge serve`` process) stays up, every well-formed request that was not
+disconnected gets its full answer, the KV blocks return to idle, and the server's memory (host
+RSS, and GPU allocated on CUDA, both read from its /metrics) grows by at most 1% between the end
+of the warm-up and the end of the run. (The clients run in the test's process, whose own memory
+is not the server's.)
 
 Size: ``OPFORGE_SOAK_REQUESTS`` (default 200 for CI; the full soak is 2000:
 ``OPFORGE_SOAK_REQUESTS=2000 pytest tests/serve/test_soak.py``), on ``OPFORGE_SOAK_DEVICE``
 (default: cuda where there is a GPU, else cpu).
 """
 import asyncio
-import gc
 import json
 import os
 import random
@@ -17,7 +18,7 @@ import random
 import httpx
 import torch
 
-from serving import MODEL, ThreadServer, metric, model_dir
+from serving import MODEL, metric, model_dir, start_process, wait_idle
 
 REQUESTS = int(os.environ.get("OPFORGE_SOAK_REQUESTS", "200"))
 DEVICE = os.environ.get("OPFORGE_SOAK_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -28,15 +29,11 @@ MALFORMED = [b"{oops", b'{"model": "tiny", "prompt": 7}', b'{"model": "nope", "p
              json.dumps({"model": MODEL, "prompt": "a" * 200}).encode(), b'{"model": "tiny", "messages": []}']
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _memory() -> tuple[int, int]:
-    gc.collect()
-    gpu = torch.cuda.memory_allocated() if DEVICE.startswith("cuda") else 0
-    return _rss_bytes(), gpu
+def _memory(url: str) -> tuple[float, float]:
+    """The server's resident memory and (CUDA) GPU memory allocated, from its /metrics."""
+    rss = metric(url, "process_resident_memory_bytes")
+    gpu = metric(url, "opforge_device_memory_allocated_bytes") if DEVICE.startswith("cuda") else 0.0
+    return rss, gpu
 
 
 async def _one(http: httpx.AsyncClient, url: str, i: int, rng: random.Random) -> str:
@@ -99,21 +96,29 @@ async def _run(url: str, indices: range, rng: random.Random) -> list[str]:
 def test_soak_disconnects_and_malformed_requests():
     rng = random.Random(1234)
     warmup = max(50, REQUESTS // 10)
-    with ThreadServer(model_dir(), kv_blocks=64, max_num_seqs=CONCURRENCY, device=DEVICE) as s:
-        kinds = asyncio.run(_run(s.url, range(warmup), rng))
-        rss0, gpu0 = _memory()
-        kinds += asyncio.run(_run(s.url, range(warmup, REQUESTS + warmup), rng))
-        s.wait_idle()
-        rss1, gpu1 = _memory()
-        assert metric(s.url, "opforge_kv_blocks_used") == 0
-        assert metric(s.url, "opforge_kv_blocks_free") == metric(s.url, "opforge_kv_blocks_total") == 64
+    proc, url, _ = start_process(model_dir(), "--max-num-seqs", str(CONCURRENCY), device=DEVICE)
+    try:
+        kinds = asyncio.run(_run(url, range(warmup), rng))
+        wait_idle(url)
+        rss0, gpu0 = _memory(url)
+        kinds += asyncio.run(_run(url, range(warmup, REQUESTS + warmup), rng))
+        wait_idle(url)
+        rss1, gpu1 = _memory(url)
+        assert metric(url, "opforge_kv_blocks_used") == 0
+        assert metric(url, "opforge_kv_blocks_free") == metric(url, "opforge_kv_blocks_total") == 64
         counts = {k: kinds.count(k) for k in ("answered", "disconnected", "malformed")}
         assert sum(counts.values()) == REQUESTS + warmup
         assert counts["disconnected"] > 0.05 * len(kinds) and counts["malformed"] > 0.02 * len(kinds)
-        aborted = sum(metric(s.url, f'opforge_requests_total{{endpoint="{e}",outcome="abort"}}')
+        aborted = sum(metric(url, f'opforge_requests_total{{endpoint="{e}",outcome="abort"}}')
                       for e in ("completion", "chat"))
         assert aborted == counts["disconnected"]
-        assert rss1 <= rss0 * 1.01, f"host RSS grew {rss1 / rss0 - 1:.2%} ({rss0 >> 20} -> {rss1 >> 20} MiB)"
-        assert gpu1 <= gpu0 * 1.01 + 0, f"GPU allocated grew {gpu0} -> {gpu1} bytes"
-        r = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL, "prompt": "still up", "max_tokens": 3})
+        print(f"soak: {len(kinds)} requests {counts}; server RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, "
+              f"GPU allocated {gpu0:.0f} -> {gpu1:.0f} bytes")
+        assert rss1 <= rss0 * 1.01, f"server RSS grew {rss1 / rss0 - 1:.2%} ({rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB)"
+        assert gpu1 <= gpu0 * 1.01, f"server GPU allocated grew {gpu0:.0f} -> {gpu1:.0f} bytes"
+        r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "still up", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -1,14 +1,16 @@
 """Prometheus metrics of the server: requests by outcome, tokens, latencies, and the engine's state.
 
 Counters and histograms are updated by the HTTP side as requests finish; the engine's gauges
-(running and waiting requests, KV blocks, prefix-cache queries and hits) are read from
-``engine.stats()`` when ``/metrics`` is scraped, so the step loop does no metrics work.
+(running and waiting requests, KV blocks, prefix-cache queries and hits; GPU memory allocated on
+CUDA) are read from ``engine.stats()`` when ``/metrics`` is scraped, so the step loop does no
+metrics work. The process's own memory and CPU time come from prometheus_client (``process_*``).
 """
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import torch
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 #: Outcomes a request is counted under.
@@ -38,6 +40,10 @@ class _EngineCollector:
                   ("opforge_engine_step_seconds", "duration of the engine's last step", s.step_time_s))
         for name, doc, value in gauges:
             yield GaugeMetricFamily(name, doc, value=value)
+        device = getattr(self.engine, "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            yield GaugeMetricFamily("opforge_device_memory_allocated_bytes", "tensor memory allocated on the GPU",
+                                    value=torch.cuda.memory_allocated(device))
         for name, doc, value in (("opforge_prefix_cache_queries", "prompt blocks looked up in the prefix cache",
                                   s.prefix_cache_queries),
                                  ("opforge_prefix_cache_hits", "prompt blocks found in the prefix cache",
@@ -76,6 +82,7 @@ class ServerMetrics:
         self.e2e = Histogram("opforge_request_latency_seconds", "from the request's arrival to its last token",
                              buckets=_E2E_BUCKETS, registry=r)
         r.register(_EngineCollector(engine))
+        ProcessCollector(registry=r)        # process_resident_memory_bytes, CPU seconds, open files (Linux)
 
     def finished(self, endpoint: str, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
         """Count one request under ``outcome`` (one of ``OUTCOMES``) with its token counts."""
