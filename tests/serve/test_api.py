@@ -194,7 +194,7 @@ def test_metrics_parse_and_count(server, client):
                  "opforge_time_to_first_token_seconds", "opforge_inter_token_latency_seconds",
                  "opforge_requests_running", "opforge_requests_waiting", "opforge_kv_blocks_used",
                  "opforge_kv_blocks_free", "opforge_kv_blocks_cached", "opforge_prefix_cache_hits",
-                 "opforge_prefix_cache_queries"):
+                 "opforge_prefix_cache_queries", "process_resident_memory_bytes"):
         assert name in families, name
     assert metric(server.url, 'opforge_requests_total{endpoint="completion",outcome="length"}') == before + 1
     assert metric(server.url, "opforge_generation_tokens_total") == tokens_before + 5
