@@ -218,13 +218,16 @@ def test_disconnect_mid_stream_frees_the_blocks(server):
     answered(server)
 
 
-def test_disconnect_while_waiting_for_a_whole_answer_frees_the_blocks(server):
-    server.wait_idle()
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 90, "temperature": 0, "ignore_eos": True}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
-    server.wait_idle(timeout=5.0)
-    answered(server)
+def test_disconnect_while_waiting_for_a_whole_answer_aborts_the_request(directory):
+    with ThreadServer(directory, start_engine=False) as s:       # the request waits: the engine is not stepping
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{s.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+        s.wait_idle(timeout=5.0)                                  # gone from the queue without a step
+        assert metric(s.url, 'opforge_requests_total{endpoint="completion",outcome="abort"}') == 1
+        assert metric(s.url, "opforge_engine_steps_total") == 0
+        s.engine.start()
+        answered(s)
 
 
 # ---- errors -------------------------------------------------------------------------------------------
