@@ -1,4 +1,4 @@
-"""The ``opforge`` command: ``opforge info``, ``opforge verify``, ``opforge bench``."""
+"""The ``opforge`` command: ``info``, ``verify``, ``bench``, ``generate``, ``serve``, ``bench-serve``."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] == "generate":
         from .models.cli import main as generate_main
         return generate_main(argv[1:])
+    if argv and argv[0] == "serve":
+        from .serve.cli import main as serve_main
+        return serve_main(argv[1:])
+    if argv and argv[0] == "bench-serve":
+        from .serve.bench_cli import main as bench_serve_main
+        return bench_serve_main(argv[1:])
     if argv and argv[0] == "bench":
         from .bench.cli import main as bench_main
         return bench_main(argv[1:])
@@ -37,6 +43,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     verify.add_argument("--quick", action="store_true", help="fewer shapes and dtypes per op (default: all)")
     sub.add_parser("bench", help="benchmark opforge against its peers (see `opforge bench --help`)")
     sub.add_parser("generate", help="generate text with a Llama-family checkpoint (see `opforge generate --help`)")
+    sub.add_parser("serve", help="serve a checkpoint over the OpenAI API (see `opforge serve --help`)")
+    sub.add_parser("bench-serve", help="load-test an OpenAI-compatible server (see `opforge bench-serve --help`)")
     args = parser.parse_args(argv)
     if args.command == "info":
         from .verify import print_info

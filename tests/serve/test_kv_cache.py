@@ -5,7 +5,7 @@ import pytest
 
 from opforge.serve.kv_cache import SCRATCH_BLOCK, BlockManager
 from opforge.serve.sampling import SamplingParams
-from opforge.serve.scheduler import FINISHED, Scheduler, Sequence
+from opforge.serve.scheduler import FINISHED, Chunk, Scheduler, Sequence
 
 
 def test_blocks_are_handed_out_without_the_scratch_block_and_come_back():
@@ -156,3 +156,29 @@ def test_the_most_recently_admitted_is_preempted_and_recomputed_with_its_tokens(
     sched.remove(a)                                      # room again: b is recomputed, prompt and tokens
     [chunk] = sched.schedule()
     assert (chunk.seq, chunk.start, chunk.count, chunk.samples) == (b, 2, 3, True)   # its first block was cached
+
+
+def test_prompts_sharing_an_uncomputed_prefix_wait_for_it_then_hit_the_cache():
+    cache = BlockManager(32, 4)
+    s = Scheduler(cache, max_num_seqs=8, max_num_batched_tokens=100)
+    prefix = list(range(1, 13))                                     # three full blocks
+    seqs = [Sequence(f"r{i}", prefix + [20 + i, 30 + i], SamplingParams()) for i in range(3)]
+    other = Sequence("other", [7, 7, 7, 7, 7, 7], SamplingParams())
+    for seq in seqs + [other]:
+        s.add(seq)
+    # the first step computes the prefix once: r1 waits for it (and "other" behind r1, in order)
+    assert [(c.seq.request_id, c.start, c.count) for c in s.schedule()] == [("r0", 0, 14)]
+    # before r0's blocks are named, the next plan still holds r1 back
+    assert [c.seq.request_id for c in s.schedule()] == ["r0"]
+    s.computed(Chunk(seqs[0], 0, 14))
+    seqs[0].tokens.append(99)
+    plan = [(c.seq.request_id, c.start, c.count) for c in s.schedule()]
+    assert plan == [("r0", 14, 1), ("r1", 12, 2), ("r2", 12, 2), ("other", 0, 6)]
+    assert cache.table("r1")[:3] == cache.table("r0")[:3] == cache.table("r2")[:3]
+
+
+def test_without_prefix_caching_shared_prompts_are_admitted_together():
+    s = Scheduler(BlockManager(32, 4, enable_prefix_caching=False), max_num_seqs=8, max_num_batched_tokens=100)
+    for i in range(2):
+        s.add(Sequence(f"r{i}", list(range(1, 13)) + [20 + i], SamplingParams()))
+    assert [(c.seq.request_id, c.start, c.count) for c in s.schedule()] == [("r0", 0, 13), ("r1", 0, 13)]

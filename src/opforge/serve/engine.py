@@ -300,7 +300,7 @@ class Engine:
                 ids.extend(c.seq.tokens[c.start:c.start + c.count])
             cu.append(cu[-1] + c.count)
             starts.append(c.start)
-            tables.append(self.cache.table(c.seq.request_id)[:])
+            tables.append(self.cache.table(c.seq.request_id))     # only grown by this thread
             if s:
                 rows.append(cu[-1] - 1)
         sampled = [c for c, s in zip(chunks, samples) if s]

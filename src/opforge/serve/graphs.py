@@ -3,7 +3,8 @@
 Batch sizes are padded up to 1, 2, 4, 8, 16, 32, 64, ... (the last one ``max_num_seqs``); each
 size is captured once, the first time a step of that size runs. Padding rows decode into the
 scratch block (block 0, never in a sequence's table) at position 0, so they touch nothing real.
-The step's inputs live in static buffers that each step refills; a replay then costs one launch.
+The step's inputs live in static buffers that each step refills (one pinned buffer, copied in one
+piece or two); the block tables stay on the device and get only their new entries.
 The graph also takes the greedy token of every row (used when the whole batch decodes greedily).
 
 Example:
@@ -17,7 +18,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from ..models.generate import argmax_rows
-from .kv_cache import SCRATCH_BLOCK
+from .block_tables import SlotTables
 
 
 def padded_sizes(max_num_seqs: int) -> list[int]:
@@ -30,22 +31,27 @@ def padded_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Captured ``model.paged_step`` calls for decode steps (CUDA only)."""
+    """Captured ``model.paged_step`` calls for decode steps (CUDA only).
+
+    The block tables stay on the device (``SlotTables``): a step sends its tokens, positions and
+    slots and the blocks added since the last step, in one pinned buffer and one copy; the graph
+    gathers its tables from the slots."""
 
     def __init__(self, model: Any, cache: Any, max_num_seqs: int, max_blocks_per_seq: int):
         self.model, self.cache = model, cache
         self.sizes = padded_sizes(max_num_seqs)
         n, dev = self.sizes[-1], model.device
-        self.tokens = torch.zeros(n, dtype=torch.long, device=dev)
-        self.tables = torch.full((n, max_blocks_per_seq), SCRATCH_BLOCK, dtype=torch.int32, device=dev)
-        self.seqlens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.n = n
+        self.slot_tables = SlotTables(n, max_blocks_per_seq, dev)
+        # tokens, positions, slots, then k new table entries: k flat indices, then their k values
+        self._entries = n * 4
+        self.inputs = torch.zeros(3 * n + 2 * self._entries, dtype=torch.long, device=dev)
+        self.tokens, self.seqlens_long, self.slots = self.inputs[:n], self.inputs[n:2 * n], self.inputs[2 * n:3 * n]
         self.cu_seqlens = torch.arange(n + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(n, dtype=torch.long, device=dev)
-        # two sets of pinned input buffers, used in turn: a step's copies may still be queued while
-        # the next step's inputs are written (when steps overlap)
-        self._host_tables = [torch.full((n, max_blocks_per_seq), SCRATCH_BLOCK, dtype=torch.int32, pin_memory=True)
-                             for _ in range(2)]
-        self._host_small = [torch.zeros(2, n, dtype=torch.long, pin_memory=True) for _ in range(2)]  # tokens, seqlens
+        # two pinned input buffers, used in turn: a step's copy may still be queued while the next
+        # step's inputs are written (when steps overlap)
+        self._host = [torch.zeros(3 * n + 2 * self._entries, dtype=torch.long, pin_memory=True) for _ in range(2)]
         self._turn = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
@@ -54,33 +60,38 @@ class DecodeGraphs:
         """The padded size a decode step of ``batch`` sequences runs at (None: too many)."""
         return next((s for s in self.sizes if s >= batch), None)
 
-    def run(self, tokens: Union[Sequence[int], torch.Tensor], tables: Sequence[Sequence[int]],
+    def run(self, tokens: Union[Sequence[int], torch.Tensor], tables: Sequence[list[int]],
             starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, V) float32 and greedy tokens (B,) of one decode step: ``tokens[b]`` (host
         ints, or a device tensor) at position ``starts[b]`` of the sequence whose blocks are
-        ``tables[b]``. The outputs are the graph's own buffers: the next replay overwrites them."""
-        b = len(tokens)
+        ``tables[b]`` (the ``BlockManager``'s own list: its identity names the slot). The outputs
+        are the graph's own buffers: the next replay overwrites them."""
+        b = len(tables)
         n = self.size_for(b)
-        width = max(len(row) for row in tables)
-        # entries past a row's length are never read: only the used width is refreshed
-        flat: list[int] = []
-        for row in tables:
-            flat += row
-            flat += [SCRATCH_BLOCK] * (width - len(row))
-        host, small = self._host_tables[self._turn], self._host_small[self._turn]
+        slots, index, values = self.slot_tables.update(tables)
+        host = self._host[self._turn]
         self._turn ^= 1
-        host[:b, :width] = torch.tensor(flat, dtype=torch.int32).view(b, width)
-        host[b:n, :width] = SCRATCH_BLOCK
-        small[:, b:n] = 0
-        if not isinstance(tokens, torch.Tensor):
-            small[0, :b] = torch.tensor(tokens)
-        small[1, :b] = torch.tensor(starts)
-        self.tables[:n].copy_(host[:n], non_blocking=True)          # whole rows: one contiguous copy
-        if isinstance(tokens, torch.Tensor):
-            self.tokens[:b].copy_(tokens)                           # padding rows keep earlier (valid) ids
-        else:
-            self.tokens[:n].copy_(small[0, :n], non_blocking=True)
-        self.seqlens[:n].copy_(small[1, :n], non_blocking=True)
+        n3, k = 3 * self.n, len(index)
+        if k > self._entries:                           # rare: many new tables at once
+            self.slot_tables.apply(torch.tensor(index, device=self.inputs.device),
+                                   torch.tensor(values, dtype=torch.int32, device=self.inputs.device))
+            k = 0
+        elif k:
+            host[n3:n3 + 2 * k] = torch.tensor(index + values)
+        fed = isinstance(tokens, torch.Tensor)
+        if not fed:
+            host[:b] = torch.tensor(tokens)
+        host[b:n] = 0
+        host[self.n:self.n + b] = torch.tensor(starts)
+        host[self.n + b:self.n + n] = 0
+        host[2 * self.n:2 * self.n + b] = torch.tensor(slots)
+        host[2 * self.n + b:2 * self.n + n] = self.slot_tables.padding
+        first = self.n if fed else 0                    # fed: padding rows keep earlier (valid) ids
+        self.inputs[first:n3 + 2 * k].copy_(host[first:n3 + 2 * k], non_blocking=True)    # one copy
+        if fed:
+            self.tokens[:b].copy_(tokens)
+        if k:
+            self.slot_tables.apply(self.inputs[n3:n3 + k], self.inputs[n3 + k:n3 + 2 * k].int())
         if n not in self._graphs:
             self._graphs[n] = self._capture(n)
         graph, logits, greedy = self._graphs[n]
@@ -88,7 +99,8 @@ class DecodeGraphs:
         return logits[:b], greedy[:b]
 
     def _step(self, n: int) -> torch.Tensor:
-        return self.model.paged_step(self.tokens[:n], self.cache, self.tables[:n], self.seqlens[:n],
+        tables = self.slot_tables.tables.index_select(0, self.slots[:n])
+        return self.model.paged_step(self.tokens[:n], self.cache, tables, self.seqlens_long[:n].int(),
                                      self.cu_seqlens[:n + 1], 1, self.rows[:n])
 
     def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:

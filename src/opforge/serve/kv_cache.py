@@ -110,6 +110,27 @@ class BlockManager:
         """The blocks of ``seq``, in position order."""
         return self._tables[seq].blocks
 
+    def prompt_digests(self, tokens: Sequence[int]) -> list[bytes]:
+        """The names the full blocks of ``tokens`` get once computed (the last token excluded, as
+        ``allocate`` looks them up); empty without prefix caching.
+
+        Example:
+            >>> cache = BlockManager(8, 2)
+            >>> len(cache.prompt_digests([1, 2, 3, 4, 5])), cache.prompt_digests([1, 2, 3]) == cache.prompt_digests([1, 2, 3, 4])[:1]
+            (2, True)
+        """
+        if not self.enable_prefix_caching:
+            return []
+        digests, parent = [], b""
+        for i in range((len(tokens) - 1) // self.block_size):
+            parent = block_digest(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            digests.append(parent)
+        return digests
+
+    def named(self, seq: Hashable) -> int:
+        """How many of ``seq``'s blocks are named (full, computed and committed)."""
+        return len(self._tables[seq].digests)
+
     # ---- sequences -----------------------------------------------------------------------------
     def allocate(self, seq: Hashable, tokens: Sequence[int]) -> int:
         """Start a table for ``seq`` holding the longest cached prefix of ``tokens`` that leaves at

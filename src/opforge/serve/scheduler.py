@@ -4,7 +4,10 @@ Each step has a token budget. Running sequences come first, oldest first: those 
 token pending) and then those in the middle of a prompt (a chunk of it, as far as the budget
 goes), so a long prompt delays the others by at most one chunk. Waiting sequences are admitted
 next, in arrival order, while the budget, ``max_num_seqs`` and free blocks allow; a prompt whose
-start is in the prefix cache begins after the cached part.
+start is in the prefix cache begins after the cached part. A prompt whose next uncached block is
+one that a prefilling sequence computes now or later (the same tokens after the same prefix) waits
+(admission stops there): once that block is computed it comes from the cache instead of being
+computed twice (many requests sharing a long system prompt compute it once).
 
 When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it goes back to the head of the queue with its tokens so far
@@ -50,6 +53,7 @@ class Sequence:
     detokenizer: Any = None
     text: str = ""                                     # released text (stop strings removed)
     held: str = ""                                     # decoded text not yet released (a stop may start in it)
+    digests: Optional[list[bytes]] = None              # names of the prompt's full blocks (prefix caching)
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -137,11 +141,26 @@ class Scheduler:
             if seq.status == RUNNING:
                 plan[seq] = Chunk(seq, seq.computed, count)
                 budget -= count
+        pending: Optional[set[bytes]] = None      # blocks that prefilling sequences will name
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
             queries, hits = self.cache.queries, self.cache.hits
             seq.computed = self.cache.allocate(seq.request_id, seq.tokens)
             count = min(seq.pending, budget)
+            if self.cache.enable_prefix_caching:
+                if pending is None:
+                    pending = set()
+                    for s in prefilling:
+                        if s.status == RUNNING:
+                            pending.update(self._digests(s)[self.cache.named(s.request_id):])
+                mine = self._digests(seq)
+                block = seq.computed // self.cache.block_size
+                if block < len(mine) and mine[block] in pending:
+                    self.cache.free(seq.request_id)    # wait for that block: undo the lookup
+                    self.cache.queries, self.cache.hits = queries, hits
+                    seq.computed = 0
+                    break
+                pending.update(mine[block:])
             if not self.cache.grow(seq.request_id, seq.computed + count):
                 self.cache.free(seq.request_id)        # not now: undo the lookup, keep the order
                 self.cache.queries, self.cache.hits = queries, hits
@@ -153,6 +172,13 @@ class Scheduler:
             plan[seq] = Chunk(seq, seq.computed, count)
             budget -= count
         return list(plan.values())
+
+    def _digests(self, seq: Sequence) -> list[bytes]:
+        """Names of ``seq``'s prompt blocks (computed once: the prompt part of its tokens is fixed
+        until a preemption, whose recomputation keeps the same leading blocks)."""
+        if seq.digests is None:
+            seq.digests = self.cache.prompt_digests(seq.prompt)
+        return seq.digests
 
     def computed(self, chunk: Chunk) -> None:
         """Record that the step computed ``chunk``; name its full blocks for the prefix cache."""

@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...runtime import alloc, pdl
+from ...runtime import alloc
+from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv, next_power_of_2
 from . import config
 from .problem import AppendCall, RotaryAppendCall

@@ -1,0 +1,262 @@
+"""``opforge bench-serve``: load-test the OpenAI-compatible server, and the engine without HTTP.
+
+Given a checkpoint directory (or ``--random 1b``), it starts ``opforge serve`` on a free loopback
+port, sends a ragged workload (fixed seed) at each ``--rate`` and ``--concurrency``, and reports
+TTFT, TPOT, ITL and end-to-end latency (mean, p50, p90, p99) with request and token
+throughput. ``--offline`` first runs the same requests at the same settings straight through an
+in-process ``Engine``, plus the whole workload submitted at once with no consumer (the offline
+``LLM``'s way: the engine's own throughput); each online row is also given as a fraction of both.
+Given ``--url``, it loads a server that is already running.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, Optional, Sequence
+
+import httpx
+import torch
+
+from .loadgen import (LoadRequest, engine_batch, engine_sender, http_sender, ragged_workload, records_json, run_load,
+                      summarize)
+
+EPILOG = """\
+examples:
+  opforge bench-serve --random 1b --offline --num-requests 64 --concurrency 1,32 --json serve.json
+  opforge bench-serve MODEL_DIR --prompt-len 512:512 --output-len 32:32 --rate 1 --num-requests 32
+  opforge bench-serve --url http://127.0.0.1:8000 --model NAME --vocab-size 128256 --rate 4,16
+  opforge bench-serve --random tiny --device cpu --num-requests 8 --prompt-len 4:16 --output-len 2:8 --offline
+"""
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    try:
+        a, b = int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW:HIGH token counts, got {text!r}") from None
+    if not 1 <= a <= b:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LOW <= HIGH, got {text!r}")
+    return a, b
+
+
+def _list(kind: type) -> Any:
+    def parse(text: str) -> list:
+        try:
+            return [kind(v) for v in text.split(",") if v]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    return parse
+
+
+def _random_checkpoint(shape: str, dtype: Optional[str]) -> str:
+    from ..models.testing import LLAMA_1B, LLAMA_8B, TINY_LLAMA, write_random_checkpoint
+    config = {"tiny": TINY_LLAMA, "1b": LLAMA_1B, "8b": LLAMA_8B}[shape]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return write_random_checkpoint(config, tempfile.mkdtemp(prefix=f"opforge-serve-{shape}-"), device=device,
+                                   dtype=torch.float32 if shape == "tiny" else getattr(torch, dtype or "bfloat16"))
+
+
+def _server_args(args: argparse.Namespace) -> list[str]:
+    out = []
+    for name in ("device", "dtype", "quantize", "max_num_seqs", "max_model_len", "kv_memory_fraction", "kv_blocks",
+                 "max_num_batched_tokens"):
+        value = getattr(args, name)
+        if value is not None:
+            out += [f"--{name.replace('_', '-')}", str(value)]
+    return out + (["--overlap"] if args.overlap else []) + (["--no-prefix-caching"] if args.no_prefix_caching else [])
+
+
+def _start_server(model_dir: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "opforge", "serve", model_dir, "--port", str(port), "--served-model-name", "bench",
+           *_server_args(args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("opforge serve: http://"):
+            print(line.rstrip(), flush=True)
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, f"http://127.0.0.1:{port}"
+    proc.wait()
+    raise RuntimeError("opforge serve did not start:\n" + "".join(lines[-30:]))
+
+
+def _settings(args: argparse.Namespace) -> list[tuple[float, Optional[int]]]:
+    rates = args.rate or [math.inf]
+    concurrencies = args.concurrency or [None]
+    return [(r, c) for r in rates for c in concurrencies]
+
+
+def _label(rate: float, concurrency: Optional[int]) -> str:
+    return f"rate={'inf' if math.isinf(rate) else rate} concurrency={concurrency or 'unbounded'}"
+
+
+async def _offline(model_dir: str, args: argparse.Namespace, warm: list[LoadRequest],
+                   work: list[LoadRequest]) -> list[dict[str, Any]]:
+    from .cli import build_engine
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    engine = build_engine(model_dir, device=args.device, dtype=dtype, quantize=args.quantize,
+                          max_num_seqs=args.max_num_seqs or 256, max_model_len=args.max_model_len,
+                          kv_memory_fraction=args.kv_memory_fraction or 0.9, kv_blocks=args.kv_blocks,
+                          max_num_batched_tokens=args.max_num_batched_tokens, overlap=args.overlap,
+                          enable_prefix_caching=not args.no_prefix_caching)
+    engine.start()
+    try:
+        send = engine_sender(engine)
+        await run_load(warm, send)
+        records, seconds = engine_batch(engine, work)
+        rows = [{"mode": "offline-batch", "rate": math.inf, "concurrency": None, **summarize(records, seconds)}]
+        _print_row(rows[-1])
+        for rate, concurrency in _settings(args):
+            records, seconds = await run_load(work, send, rate, concurrency, seed=args.seed)
+            rows.append({"mode": "offline", "rate": rate, "concurrency": concurrency, **summarize(records, seconds)})
+            _print_row(rows[-1])
+        return rows
+    finally:
+        engine.shutdown()
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+async def _online(url: str, model: str, args: argparse.Namespace, warm: list[LoadRequest],
+                  work: list[LoadRequest]) -> list[dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        send = http_sender(client, url, model, headers)
+        await run_load(warm, send)
+        rows = []
+        for rate, concurrency in _settings(args):
+            records, seconds = await run_load(work, send, rate, concurrency, seed=args.seed)
+            row = {"mode": "online", "rate": rate, "concurrency": concurrency, **summarize(records, seconds)}
+            if args.records:
+                row["records"] = records_json(records)
+            rows.append(row)
+            _print_row(row)
+        return rows
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    def f(stats: dict[str, Any], key: str) -> str:
+        v = stats[key]
+        return "-" if v is None else f"{v:.1f}"
+    print(f"{row['mode']:8s} {_label(row['rate'], row['concurrency']):32s} {row['requests'] - row['failed']:4d} ok "
+          f"{row['failed']:3d} failed  {row['request_throughput']:7.2f} req/s  {row['output_tokens_per_s']:9.1f} out tok/s  "
+          f"TTFT p50/p99 {f(row['ttft_ms'], 'p50')}/{f(row['ttft_ms'], 'p99')} ms  "
+          f"ITL p50/p99 {f(row['itl_ms'], 'p50')}/{f(row['itl_ms'], 'p99')} ms  "
+          f"TPOT p50 {f(row['tpot_ms'], 'p50')} ms  E2E p50 {f(row['e2e_ms'], 'p50')} ms", flush=True)
+    for e in row["errors"]:
+        print(f"         error: {e}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opforge bench-serve", description=__doc__.splitlines()[0], epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("model_dir", nargs="?", help="a checkpoint directory to serve")
+    target.add_argument("--random", choices=["tiny", "1b", "8b"], help="serve a random checkpoint of this shape")
+    target.add_argument("--url", help="load a server that is already running")
+    p.add_argument("--model", default="bench", help="with --url: the served model name")
+    p.add_argument("--api-key", default=os.environ.get("OPFORGE_API_KEY"))
+    p.add_argument("--vocab-size", type=int, help="with --url: the vocabulary to draw prompt ids from")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--prompt-len", type=_range, default=(64, 1024), metavar="LOW:HIGH", help="default 64:1024")
+    p.add_argument("--output-len", type=_range, default=(32, 256), metavar="LOW:HIGH", help="default 32:256")
+    p.add_argument("--rate", type=_list(float), help="requests/s, Poisson arrivals, comma-separated (default inf)")
+    p.add_argument("--concurrency", type=_list(int), help="requests in flight at most, comma-separated")
+    p.add_argument("--warmup", type=int, help="requests sent at once before measuring (default: the largest "
+                                              "concurrency, or all: batch sizes shrink through every CUDA graph size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--offline", action="store_true", help="also run the same requests through the engine in-process")
+    p.add_argument("--records", action="store_true", help="keep every request's timings in the JSON")
+    p.add_argument("--json", metavar="PATH", help="write the settings, the environment and every row as JSON")
+    for name, kind in (("device", str), ("dtype", str), ("quantize", str), ("max-num-seqs", int),
+                       ("max-model-len", int), ("kv-memory-fraction", float), ("kv-blocks", int),
+                       ("max-num-batched-tokens", int)):
+        p.add_argument(f"--{name}", type=kind, help="passed to opforge serve (and to the offline engine)")
+    for name in ("overlap", "no-prefix-caching"):
+        p.add_argument(f"--{name}", action="store_true", help="passed to opforge serve (and to the offline engine)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``opforge bench-serve``; returns 0, or 1 when any request failed.
+
+    Example:
+        >>> from opforge.serve.bench_cli import build_parser
+        >>> build_parser().parse_args(["--random", "tiny", "--rate", "2,inf"]).rate
+        [2.0, inf]
+    """
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.num_requests < 1:
+        p.error(f"--num-requests must be >= 1, got {args.num_requests}")
+    if args.warmup is not None and args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if any(c < 1 for c in args.concurrency or []) or any(r <= 0 for r in args.rate or []):
+        p.error("--concurrency and --rate take positive numbers")
+    if args.url and args.offline:
+        p.error("--offline needs a model (MODEL_DIR or --random), not --url")
+    model_dir = _random_checkpoint(args.random, args.dtype) if args.random else args.model_dir
+    if args.url:
+        vocab = args.vocab_size or 1000
+    else:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+    work = ragged_workload(args.num_requests, args.prompt_len, args.output_len, vocab, args.seed)
+    if args.warmup is None:
+        args.warmup = min(args.num_requests, max(args.concurrency or [args.num_requests]))
+    warm = ragged_workload(args.warmup, args.prompt_len, args.output_len, vocab, args.seed + 1)
+    rows: list[dict[str, Any]] = []
+    if args.offline:
+        rows += asyncio.run(_offline(model_dir, args, warm, work))
+    proc = None
+    try:
+        if args.url:
+            url, model = args.url.rstrip("/"), args.model
+        else:
+            proc, url = _start_server(model_dir, args)
+            model = "bench"
+        online = asyncio.run(_online(url, model, args, warm, work))
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    offline = {(r["rate"], r["concurrency"]): r for r in rows if r["mode"] == "offline"}
+    batch = next((r for r in rows if r["mode"] == "offline-batch"), None)
+    for row in online:
+        twin = offline.get((row["rate"], row["concurrency"]))
+        for key, ref in (("fraction_of_offline_output_tokens_per_s", twin),
+                         ("fraction_of_offline_batch_output_tokens_per_s", batch)):
+            if ref and ref["output_tokens_per_s"]:
+                row[key] = row["output_tokens_per_s"] / ref["output_tokens_per_s"]
+        if batch:
+            print(f"online/offline {_label(row['rate'], row['concurrency'])}: "
+                  f"{row.get('fraction_of_offline_output_tokens_per_s', math.nan):.1%} of the engine's output "
+                  f"tokens/s at the same setting, {row.get('fraction_of_offline_batch_output_tokens_per_s', math.nan):.1%}"
+                  " of the offline batch's")
+    rows += online
+    if args.json:
+        from ..bench.envinfo import collect
+        device = torch.device(args.device) if args.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        settings = vars(args)
+        with open(args.json, "w") as f:
+            json.dump({"settings": settings, "environment": collect(device), "model_dir": model_dir, "rows": rows},
+                      f, indent=1, default=str)
+    return 1 if any(r["failed"] for r in rows) else 0
