@@ -105,7 +105,7 @@ def test_help_gives_every_option_its_meaning_and_default(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for option, default in [("--max-new-tokens", "(default: 64)"), ("--temperature", "(default: 0.0)"),
                             ("--top-k", "(default: all)"), ("--top-p", "(default: 1, all)"),
-                            ("--quantize", "default: the weights as stored"), ("--group-size", "(default: 128)"),
+                            ("--quantize", "default: stored"), ("--group-size", "(default: 128)"),
                             ("--quantize-head", "(default: dense)"), ("--max-seq-len", "(default: 4096)"),
                             ("--device", "(default: CUDA, then MPS, then CPU)"), ("--no-graphs", "(default: graphs"),
                             ("--readback", "(default: 1)")]:

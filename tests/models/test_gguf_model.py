@@ -186,11 +186,18 @@ def test_perplexity_on_english_by_weight_format(dense32, stored):
 
 @cpu_only
 def test_opforge_generate_runs_the_gguf_file(smollm2, capsys):
+    """On the CPU the file's quantized weights are dequantized once by default (dense linear);
+    ``--quantize stored`` keeps the Q4_1 codes (the torch path's quantized linear)."""
     from opforge.cli import main
     assert main(["generate", smollm2, "--prompt", "The capital of France is", "--max-new-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(" Paris"), out
-    assert "linear[torch/quantized]" in out or "linear[" in out
+    assert "linear[torch/dense]" in out and "linear[torch/reference]" not in out, out
+    assert main(["generate", smollm2, "--prompt", "The capital of France is", "--max-new-tokens", "2",
+                 "--quantize", "stored"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(" Paris"), out
+    assert "linear[torch/reference]" in out and "linear[torch/dense]" not in out, out
 
 
 @cpu_only

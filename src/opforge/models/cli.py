@@ -12,6 +12,7 @@ import torch
 
 from .cli_checks import GROUP_SIZES, check_length, check_numbers, check_token_ids, dense_note, read_config
 from .config import UnsupportedModelError
+from .gguf import is_gguf
 
 
 class _UsageError(Exception):
@@ -50,10 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, metavar="P",
                         help="with --temperature > 0: sample among the most likely tokens whose probabilities "
                              "add up to P, in (0, 1] (default: 1, all)")
-    parser.add_argument("--quantize", choices=["dense", "int8", "int4"],
+    parser.add_argument("--quantize", choices=["stored", "dense", "int8", "int4"],
                         help="int8/int4: quantize the layers' projections (embedding, norms and output head stay "
-                             "dense); dense: dequantize a GGUF file's quantized weights (default: the weights as "
-                             "stored, a GGUF file's quantized codes kept)")
+                             "dense); dense: dequantize a GGUF file's quantized weights; stored: keep them as the "
+                             "file stores them (default: stored, except a GGUF file on the CPU: dense, since the "
+                             "CPU's torch path would dequantize quantized weights at every step)")
     parser.add_argument("--group-size", type=int, default=128, choices=GROUP_SIZES, metavar="G",
                         help="with --quantize: input channels per scale, one of 32, 64, 128, or -1 for one group "
                              "per row; a projection whose input dimension G does not divide stays dense, and "
@@ -100,12 +102,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      "or --prompt-ids 1,2,3")
     from .. import api as opforge
     try:
-        opforge.device_config(args.device)
+        device = opforge.device_config(args.device).device
     except (ValueError, RuntimeError) as exc:
         return _fail(f"--device {args.device}: {str(exc).splitlines()[0]}")
     config, problem = read_config(args.model_dir)
     if config is None:
         return _fail(problem)
+    quantize = None if args.quantize == "stored" else args.quantize
+    if args.quantize is None and torch.device(device).type == "cpu" and is_gguf(args.model_dir):
+        quantize = "dense"    # once at load, instead of in every step's torch path
     from .tokenizer import checkpoint_tokenizer
     tok = checkpoint_tokenizer(args.model_dir)[0]
     if args.prompt_ids:
@@ -124,14 +129,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_length(len(ids), args.max_new_tokens, args.max_seq_len)
     if problem:
         return _fail(problem)
-    note = dense_note(config, args.quantize, args.group_size, args.quantize_head)
+    note = dense_note(config, quantize, args.group_size, args.quantize_head)
     if note:
         print(f"opforge generate: note: {note}", file=sys.stderr)
     from .loader import load
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"quantize=.* stay dense")   # said above, with advice
-            model = load(args.model_dir, device=args.device, quantize=args.quantize, group_size=args.group_size,
+            model = load(args.model_dir, device=args.device, quantize=quantize, group_size=args.group_size,
                          quantize_head=args.quantize_head,
                          max_seq_len=min(args.max_seq_len, len(ids) + args.max_new_tokens + 1))
     except (UnsupportedModelError, opforge.SafetensorsError, FileNotFoundError) as exc:
