@@ -12,7 +12,6 @@ import torch
 
 from .cli_checks import GROUP_SIZES, check_length, check_numbers, check_token_ids, dense_note, read_config
 from .config import UnsupportedModelError
-from .gguf import is_gguf
 
 
 class _UsageError(Exception):
@@ -108,9 +107,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config, problem = read_config(args.model_dir)
     if config is None:
         return _fail(problem)
-    quantize = None if args.quantize == "stored" else args.quantize
-    if args.quantize is None and torch.device(device).type == "cpu" and is_gguf(args.model_dir):
-        quantize = "dense"    # once at load, instead of in every step's torch path
+    from .loader import default_quantize
+    quantize = default_quantize(args.model_dir, device) if args.quantize is None else \
+        None if args.quantize == "stored" else args.quantize
     from .tokenizer import checkpoint_tokenizer
     tok = checkpoint_tokenizer(args.model_dir)[0]
     if args.prompt_ids:

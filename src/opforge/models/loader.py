@@ -19,6 +19,19 @@ from .tokenizer import hf_tokenizer
 _QUANTIZE = {"dense": None, "int8": 8, "int4": 4}
 
 
+def default_quantize(path: Union[str, os.PathLike], device: Union[str, torch.device]) -> Optional[str]:
+    """The ``quantize`` the command-line tools load ``path`` with when the user names none:
+    ``"dense"`` for a GGUF file on a CPU (its quantized weights are dequantized once, at load,
+    instead of in every step's torch path: 3.8 vs 0.8 decode tokens/s for SmolLM2-135M on a
+    2-core CPU), else None (the weights as stored).
+
+    Example:
+        >>> default_quantize("/no/such/dir", "cpu") is None
+        True
+    """
+    return "dense" if torch.device(device).type == "cpu" and is_gguf(path) else None
+
+
 def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
          dtype: Optional[torch.dtype] = None, quantize: Optional[str] = None, max_seq_len: int = 4096,
          max_batch: int = 1, group_size: int = 128, quantize_head: bool = False) -> Decoder:

@@ -105,7 +105,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", help="cuda, cuda:N, mps or cpu (default: the best available)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), help="default: the device's (bf16 on CUDA, float32 on CPU)")
-    p.add_argument("--quantize", choices=["int8", "int4"])
+    p.add_argument("--quantize", choices=["stored", "dense", "int8", "int4"],
+                   help="int8/int4: quantize the projections; dense: dequantize a GGUF file's quantized weights; "
+                        "stored: as the checkpoint stores them (default: stored, except a GGUF file on the CPU: "
+                        "dense, since the CPU's torch path would dequantize quantized weights at every step)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="requests decoded at once")
     p.add_argument("--max-model-len", type=int, help="prompt + output tokens per request (default: the "
                                                      "checkpoint's context, at most 8192)")
@@ -140,7 +143,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import uvicorn
     from .api import ServerConfig, create_app
     from .chat_template import chat_template_for
-    engine = build_engine(args.model_dir, device=args.device, dtype=_DTYPES.get(args.dtype), quantize=args.quantize,
+    from ..api import device_config
+    from ..models.loader import default_quantize
+    quantize = default_quantize(args.model_dir, device_config(args.device).device) if args.quantize is None else \
+        None if args.quantize == "stored" else args.quantize
+    engine = build_engine(args.model_dir, device=args.device, dtype=_DTYPES.get(args.dtype), quantize=quantize,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           kv_memory_fraction=args.kv_memory_fraction, kv_blocks=args.kv_blocks,
                           block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
