@@ -28,9 +28,10 @@ Example:
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Hashable, Optional, Sequence
+from typing import Hashable, Optional, Sequence, Union
 
 SCRATCH_BLOCK = 0
 """The block padding rows write into; never part of a sequence's table."""
@@ -43,8 +44,12 @@ def block_digest(parent: bytes, tokens: Sequence[int]) -> bytes:
         >>> block_digest(b"", [1, 2]) == block_digest(b"", [1, 2]) != block_digest(b"x", [1, 2])
         True
     """
+    return _digest(parent, array("q", tokens).tobytes())
+
+
+def _digest(parent: bytes, data: Union[bytes, memoryview]) -> bytes:
     h = hashlib.blake2b(parent, digest_size=16)
-    h.update(b",".join(str(int(t)).encode() for t in tokens))
+    h.update(data)
     return h.digest()
 
 
@@ -110,21 +115,24 @@ class BlockManager:
         """The blocks of ``seq``, in position order."""
         return self._tables[seq].blocks
 
-    def prompt_digests(self, tokens: Sequence[int]) -> list[bytes]:
-        """The names the full blocks of ``tokens`` get once computed (the last token excluded, as
-        ``allocate`` looks them up); empty without prefix caching.
+    def extend_digests(self, tokens: Sequence[int], digests: list[bytes], blocks: int) -> list[bytes]:
+        """Extend ``digests`` (the names of the first blocks of ``tokens``, computed earlier: a
+        sequence's tokens are only appended to) in place to the first ``blocks`` full blocks'
+        names; returns it. Each name is computed once per sequence.
 
         Example:
             >>> cache = BlockManager(8, 2)
-            >>> len(cache.prompt_digests([1, 2, 3, 4, 5])), cache.prompt_digests([1, 2, 3]) == cache.prompt_digests([1, 2, 3, 4])[:1]
-            (2, True)
+            >>> names = cache.extend_digests([1, 2, 3, 4, 5], [], 1)
+            >>> cache.extend_digests([1, 2, 3, 4, 5], names, 2) == [block_digest(b"", [1, 2]), block_digest(names[0], [3, 4])]
+            True
         """
-        if not self.enable_prefix_caching:
-            return []
-        digests, parent = [], b""
-        for i in range((len(tokens) - 1) // self.block_size):
-            parent = block_digest(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
-            digests.append(parent)
+        done, bs = len(digests), self.block_size
+        if blocks > done:
+            data = memoryview(array("q", tokens[done * bs:blocks * bs]).tobytes())
+            parent, width = (digests[-1] if digests else b""), bs * 8
+            for i in range(blocks - done):
+                parent = _digest(parent, data[i * width:(i + 1) * width])
+                digests.append(parent)
         return digests
 
     def named(self, seq: Hashable) -> int:
@@ -132,11 +140,12 @@ class BlockManager:
         return len(self._tables[seq].digests)
 
     # ---- sequences -----------------------------------------------------------------------------
-    def allocate(self, seq: Hashable, tokens: Sequence[int]) -> int:
+    def allocate(self, seq: Hashable, tokens: Sequence[int], digests: Optional[list[bytes]] = None) -> int:
         """Start a table for ``seq`` holding the longest cached prefix of ``tokens`` that leaves at
         least one token to compute (its logits are needed); returns that prefix's length.
 
         Takes no fresh block: ``grow`` does, once the caller knows how far to compute.
+        ``digests``: the sequence's block names known so far (see ``extend_digests``), extended.
         """
         if seq in self._tables:
             raise ValueError(f"sequence {seq!r} already has a block table")
@@ -145,16 +154,14 @@ class BlockManager:
             return 0
         full = (len(tokens) - 1) // self.block_size
         self.queries += full * self.block_size
-        parent = b""
-        for i in range(full):
-            digest = block_digest(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+        names = self.extend_digests(tokens, [] if digests is None else digests, full)
+        for digest in names[:full]:
             block = self._by_digest.get(digest)
             if block is None:
                 break
             self._take(block)
             table.blocks.append(block)
             table.digests.append(digest)
-            parent = digest
         self.hits += len(table.blocks) * self.block_size
         return len(table.blocks) * self.block_size
 
@@ -173,21 +180,24 @@ class BlockManager:
             table.blocks.append(self._fresh())
         return True
 
-    def commit(self, seq: Hashable, tokens: Sequence[int], computed: int) -> None:
+    def commit(self, seq: Hashable, tokens: Sequence[int], computed: int,
+               digests: Optional[list[bytes]] = None) -> None:
         """Name the blocks of ``seq`` that ``computed`` positions (holding ``tokens[:computed]``)
-        filled, so later sequences can share them."""
+        filled, so later sequences can share them (``digests`` as in ``allocate``)."""
         if not self.enable_prefix_caching:
             return
         table = self._tables[seq]
-        parent = table.digests[-1] if table.digests else b""
-        for i in range(len(table.digests), computed // self.block_size):
-            digest = block_digest(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+        full = computed // self.block_size
+        if full <= len(table.digests):
+            return
+        names = self.extend_digests(tokens, list(table.digests) if digests is None else digests, full)
+        for i in range(len(table.digests), full):
+            digest = names[i]
             table.digests.append(digest)
             block = table.blocks[i]
             if digest not in self._by_digest and block not in self._digest_of:
                 self._by_digest[digest] = block
                 self._digest_of[block] = digest
-            parent = digest
 
     def free(self, seq: Hashable) -> None:
         """Drop ``seq``'s references; blocks no one references become free, or cached if named

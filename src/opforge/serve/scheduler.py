@@ -53,7 +53,7 @@ class Sequence:
     detokenizer: Any = None
     text: str = ""                                     # released text (stop strings removed)
     held: str = ""                                     # decoded text not yet released (a stop may start in it)
-    digests: Optional[list[bytes]] = None              # names of the prompt's full blocks (prefix caching)
+    digests: list[bytes] = field(default_factory=list)  # names of its first full blocks (prefix caching)
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -145,7 +145,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
             queries, hits = self.cache.queries, self.cache.hits
-            seq.computed = self.cache.allocate(seq.request_id, seq.tokens)
+            seq.computed = self.cache.allocate(seq.request_id, seq.tokens, seq.digests)
             count = min(seq.pending, budget)
             if self.cache.enable_prefix_caching:
                 if pending is None:
@@ -174,14 +174,11 @@ class Scheduler:
         return list(plan.values())
 
     def _digests(self, seq: Sequence) -> list[bytes]:
-        """Names of ``seq``'s prompt blocks (computed once: the prompt part of its tokens is fixed
-        until a preemption, whose recomputation keeps the same leading blocks)."""
-        if seq.digests is None:
-            seq.digests = self.cache.prompt_digests(seq.prompt)
-        return seq.digests
+        """Names of ``seq``'s full blocks (all tokens but the last), each computed once."""
+        return self.cache.extend_digests(seq.tokens, seq.digests, (len(seq.tokens) - 1) // self.cache.block_size)
 
     def computed(self, chunk: Chunk) -> None:
         """Record that the step computed ``chunk``; name its full blocks for the prefix cache."""
         seq = chunk.seq
         seq.computed = chunk.start + chunk.count
-        self.cache.commit(seq.request_id, seq.tokens, seq.computed)
+        self.cache.commit(seq.request_id, seq.tokens, seq.computed, seq.digests)
