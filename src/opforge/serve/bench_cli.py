@@ -73,7 +73,7 @@ def _server_args(args: argparse.Namespace) -> list[str]:
         value = getattr(args, name)
         if value is not None:
             out += [f"--{name.replace('_', '-')}", str(value)]
-    return out + (["--overlap"] if args.overlap else []) + (["--no-prefix-caching"] if args.no_prefix_caching else [])
+    return out + (["--no-overlap"] if args.no_overlap else []) + (["--no-prefix-caching"] if args.no_prefix_caching else [])
 
 
 def _start_server(model_dir: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
@@ -112,7 +112,7 @@ async def _offline(model_dir: str, args: argparse.Namespace, warm: list[LoadRequ
     engine = build_engine(model_dir, device=args.device, dtype=dtype, quantize=args.quantize,
                           max_num_seqs=args.max_num_seqs or 256, max_model_len=args.max_model_len,
                           kv_memory_fraction=args.kv_memory_fraction or 0.9, kv_blocks=args.kv_blocks,
-                          max_num_batched_tokens=args.max_num_batched_tokens, overlap=args.overlap,
+                          max_num_batched_tokens=args.max_num_batched_tokens, overlap=not args.no_overlap,
                           enable_prefix_caching=not args.no_prefix_caching)
     engine.start()
     try:
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                        ("max-model-len", int), ("kv-memory-fraction", float), ("kv-blocks", int),
                        ("max-num-batched-tokens", int)):
         p.add_argument(f"--{name}", type=kind, help="passed to opforge serve (and to the offline engine)")
-    for name in ("overlap", "no-prefix-caching"):
+    for name in ("no-overlap", "no-prefix-caching"):
         p.add_argument(f"--{name}", action="store_true", help="passed to opforge serve (and to the offline engine)")
     return p
 

@@ -118,8 +118,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens per engine step at most (decode + prefill)")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share equal prompt prefixes' blocks")
-    p.add_argument("--overlap", action="store_true",
-                   help="launch a greedy decode step before reading the previous one's tokens (unmeasured)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="read each greedy decode step's tokens before launching the next (default: the next step "
+                        "is launched first, overlapping the host's work with the GPU's)")
     p.add_argument("--served-model-name", help="the name clients use (default: the directory's name)")
     p.add_argument("--api-key", default=os.environ.get("OPFORGE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $OPFORGE_API_KEY)")
@@ -151,7 +152,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           kv_memory_fraction=args.kv_memory_fraction, kv_blocks=args.kv_blocks,
                           block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                          enable_prefix_caching=not args.no_prefix_caching, overlap=args.overlap)
+                          enable_prefix_caching=not args.no_prefix_caching, overlap=not args.no_overlap)
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model_dir))
     if os.path.isfile(args.model_dir) and not args.served_model_name:
         name = os.path.splitext(name)[0]          # model.gguf -> model

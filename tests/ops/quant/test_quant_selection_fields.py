@@ -6,8 +6,6 @@ import torch
 
 import opforge
 from opforge.ops.quant import cases
-from opforge.ops.quant import problem as qproblem
-from opforge.ops.quant import triton_kernels as tk
 from opforge.testing import DEVICE
 from selection_pairs import CPU_BACKENDS, check_pair
 
@@ -53,17 +51,3 @@ def test_metal_int8_k_not_multiple_of_4_after_one_that_is(emulate):
     """The case that once came out wrong: K=128 then K=130 (int8) on Metal is refused clearly."""
     first, second = check_pair("metal", *PAIRS["k % 4 (Metal int8)"])
     assert first == "ran" and "multiple of 4" in second
-
-
-def test_tuning_switch_flipped_between_calls(monkeypatch):
-    """int4 at M 17..64 with a small weight takes dequant_gemm under TUNED and DOT_SWAP; a call
-    after TUNED is turned off takes the Triton GEMM and is right."""
-    monkeypatch.setattr(qproblem, "TUNED", True)
-    monkeypatch.setattr(tk, "DOT_SWAP", True)
-    call = linear_call(20, 16, 64, 4)
-    with opforge.backend("triton"), opforge.trace() as t:
-        call(DEVICE)
-        monkeypatch.setattr(qproblem, "TUNED", False)
-        out, ref, dtype = call(DEVICE)
-    assert [e.variant for e in t] == ["dequant_gemm", "prefill"]
-    assert opforge.testing.rel_error(out, ref) <= 4 * opforge.testing.TOLERANCE[dtype]
