@@ -45,7 +45,8 @@ def test_sentencepiece_vocabulary_equals_transformers(tmp_path):
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=os.path.basename(path))
     for text in ["hello world", "the thing is in the inn", "Ünïcode ☃ and emoji 🙂", "a  b\n\nc", "hello, world!"]:
         ids = ours.encode(text).ids
-        assert ids == theirs(text)["input_ids"], text
+        # the pieces equal transformers'; whether its tokenizer adds BOS changed across its releases
+        assert ids[1:] == theirs(text, add_special_tokens=False)["input_ids"], text
         assert ids[0] == 1                                    # BOS, as llama.cpp adds to SentencePiece text
         assert ours.decode(ids) == text
     # a leading space: SentencePiece (and llama.cpp) prefix one more "\u2581" whatever the text starts

@@ -236,7 +236,7 @@ def test_decode_cuda_graph_replays_with_new_lengths():
     check_graph_replays(q, kc, vc, lens, lambda: opforge.decode_attention(q, kc, vc, lens))
     one = q[:1, :, :, :]
     check_graph_replays(one, kc[:1], vc[:1], lens[:1],
-                        lambda: tk.launch_decode(prepare_decode(one, kc[:1], vc[:1], lens[:1], None), by_length=True))
+                        lambda: tk.launch_decode(prepare_decode(one, kc[:1], vc[:1], lens[:1], None)))
 
 
 def check_graph_replays(q, kc, vc, lens, run):

@@ -19,7 +19,8 @@ rounds the dequantized weight to x's dtype and lets cuBLAS multiply). Every call
 ``qmv``/``qmm`` on MPS (``opforge.ops.quant.metal``, verified by emulation only), the torch path elsewhere), runs it and, inside ``opforge.trace()``,
 records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend,
 except one row of x (decode) with an fp16/bf16 weight on CUDA: opforge's dense GEMV
-(``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``).
+(``opforge.ops.quant.dense_gemv``, traced ``triton``/``dense_gemv``) unless a backend other than
+``triton`` is forced.
 
 Launch choices (tiles, K splits, variant thresholds) are the third H100 sweep's, measured end
 to end at 629522a (against the earlier choices, since removed; benchmarks/NOTES.md): the in-kernel split
@@ -40,7 +41,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ...runtime import alloc, dispatch, trace
+from ...runtime import alloc, dispatch, policy, trace
 from ...runtime.compile_support import compiled
 from ...runtime.errors import FLOAT_DTYPES
 from . import fakes, reference
@@ -136,7 +137,8 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
     call = prepare(x, w, bias)
     p = call.problem
     if p.dense:
-        if dense_gemv is not None and dense_gemv.supported(call.x, call.w, p.m):
+        if dense_gemv is not None and policy.forced_backend() in (None, "triton") and \
+                dense_gemv.supported(call.x, call.w, p.m):
             if trace._active:
                 return trace.run_traced("linear", "triton", "dense_gemv", x, call.note, _dense_gemv, call)
             return _dense_gemv(call)
