@@ -2,7 +2,7 @@
 
 Catches GPU-only compile errors before a GPU run, and shows what each default tile costs.
 
-    PYTHONPATH=src python benchmarks/paged_registers.py
+    PYTHONPATH=src python benchmarks/tools/paged_registers.py
 """
 from __future__ import annotations
 
