@@ -51,7 +51,7 @@ def _append_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, cu_ptr, lens_ptr, tables_ptr, b
     _, slot, ok = _token_slot(tok, cu_ptr, lens_ptr, tables_ptr, batch, max_blocks, num_blocks, BS, LOG_B)
     heads = (tl.program_id(1) * HB + tl.arange(0, HB)).to(tl.int64)
     d = tl.arange(0, D_P)
-    m = ((heads < hkv) & ok)[:, None] & (d < D)[None, :]
+    m = tl.where(ok, heads < hkv, False)[:, None] & (d < D)[None, :]   # where, not &: scalar & tensor is not bool in Triton 3.9's interpreter
     t64 = tok.to(tl.int64)
     x = tl.load(k_ptr + t64 * k_st + heads[:, None] * k_sh + d[None, :], mask=m)
     tl.store(kp_ptr + slot * kp_ss + heads[:, None] * kp_sh + d[None, :], x, mask=m)
@@ -102,7 +102,7 @@ def _rotary_append_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kp_ptr, vp_ptr, cos_ptr, 
         else:
             pos = cpos
         j = tl.arange(0, HALF_P)
-        cm = (j < HALF) & (pos >= 0) & (pos < P)                  # outside the table: rotates to zeros
+        cm = tl.where((pos >= 0) & (pos < P), j < HALF, False)   # outside the table: rotates to zeros
         c = tl.load(cos_ptr + pos.to(tl.int64) * c_s + j, mask=cm, other=0.0)
         sn = tl.load(sin_ptr + pos.to(tl.int64) * s_s + j, mask=cm, other=0.0)
         if grp < q_groups:
@@ -111,12 +111,12 @@ def _rotary_append_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kp_ptr, vp_ptr, cos_ptr, 
                           HALF_P, TAIL_P, INTERLEAVED, Q_TAIL)
         else:
             heads = ((grp - q_groups) * HB + tl.arange(0, HB)).to(tl.int64)
-            _rotate_store(k_ptr, kp_ptr, t64 * k_st, slot * kp_ss, heads, (heads < hkv) & ok, c, sn, kp_sh, k_sh,
+            _rotate_store(k_ptr, kp_ptr, t64 * k_st, slot * kp_ss, heads, tl.where(ok, heads < hkv, False), c, sn, kp_sh, k_sh,
                           HALF, D, HALF_P, TAIL_P, INTERLEAVED, TAIL_P > 0)
     else:
         heads = ((grp - q_groups - k_groups) * HB + tl.arange(0, HB)).to(tl.int64)
         d = tl.arange(0, D_P)
-        m = ((heads < hkv) & ok)[:, None] & (d < D)[None, :]
+        m = tl.where(ok, heads < hkv, False)[:, None] & (d < D)[None, :]   # where, not &: scalar & tensor is not bool in Triton 3.9's interpreter
         x = tl.load(v_ptr + t64 * v_st + heads[:, None] * v_sh + d[None, :], mask=m)
         tl.store(vp_ptr + slot * vp_ss + heads[:, None] * vp_sh + d[None, :], x, mask=m)
 

@@ -120,7 +120,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, cu_ptr, po_p
     n = tl.maximum(tl.load(cu_ptr + b + 1).to(tl.int32) - first, 0)
     mine = n <= mq                                             # longer sequences: the prefill kernel's
     tok = first + i
-    row_ok = (r < rows) & (i < n) & (tok >= 0) & (tok < tokens) & mine
+    row_ok = tl.where(mine, (r < rows) & (i < n) & (tok >= 0) & (tok < tokens), False)   # where: scalar & tensor
     out_row = tok.to(tl.int64) * hq + head                     # row of the (T, Hq) output
     part = ((b * mq + i).to(tl.int64) * hq + head) * num_splits + split   # partials by (b, i, head)
     seqlen = tl.minimum(tl.maximum(tl.load(lens_ptr + b).to(tl.int32), 0), capacity)
