@@ -60,28 +60,19 @@ LLM = register_suite(
     )
 )
 
-LATENCY = register_suite(
-    Suite(
-        name="latency",
-        description="wall time per call at small sizes; a chain of 10 norms eager vs CUDA graph",
-        entries=[],
-        impls=(OPFORGE, TORCH, COMPILE, LIGER),
-        metric="wall_us",
-        chain_len=10,
-        chain_impls=(OPFORGE, TORCH, LIGER),
-        targets=[no_slower_than(TORCH, "wall_us")],
-    )
-)
+
+def _latency_suite(name: str, description: str) -> Suite:
+    """A wall-time suite at small sizes, with a chain of 10 calls eager vs CUDA graph."""
+    return Suite(name=name, description=description, entries=[], impls=(OPFORGE, TORCH, COMPILE, LIGER),
+                 metric="wall_us", chain_len=10, chain_impls=(OPFORGE, TORCH, LIGER),
+                 targets=[no_slower_than(TORCH, "wall_us")])
+
+
+LATENCY = register_suite(_latency_suite(
+    "latency", "wall time per call at small sizes; a chain of 10 norms eager vs CUDA graph"))
+
 
 #: Wall time per call of softmax, silu and swiglu (their families add them); registered by the
 #: activation family after its ``activations`` suite.
-LATENCY_ACT = Suite(
-    name="latency_act",
-    description="wall time per call of softmax, silu, swiglu at small sizes; a chain of 10 eager vs CUDA graph",
-    entries=[],
-    impls=(OPFORGE, TORCH, COMPILE, LIGER),
-    metric="wall_us",
-    chain_len=10,
-    chain_impls=(OPFORGE, TORCH, LIGER),
-    targets=[no_slower_than(TORCH, "wall_us")],
-)
+LATENCY_ACT = _latency_suite(
+    "latency_act", "wall time per call of softmax, silu, swiglu at small sizes; a chain of 10 eager vs CUDA graph")

@@ -84,3 +84,21 @@ def kernel_dtype_reason(backend: str, dtype: torch.dtype, name: str = "x") -> Op
 def first_reason(reasons: Iterable[str]) -> str:
     """Join rejection reasons into one line for an error message."""
     return "; ".join(reasons) or "no variant registered"
+
+
+def check_attention_scale(scale: object, head_dim: int) -> float:
+    """An attention op's softmax scale: ``1/sqrt(head_dim)`` for None, else a finite real number
+    (``TypeError`` / ``ValueError`` naming ``scale`` otherwise).
+
+    Example:
+        >>> check_attention_scale(None, 64), check_attention_scale(2, 64)
+        (0.125, 2.0)
+    """
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return scale

@@ -12,13 +12,12 @@ and ``note`` then says so. Every check raises before anything is written, naming
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
 import torch
 
-from ...runtime.errors import check_float_tensor
+from ...runtime.errors import check_attention_scale, check_float_tensor
 from ...runtime.lru import LRU
 from ...runtime.problem import ProblemRecord
 
@@ -103,17 +102,6 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
-def _check_scale(scale: object, head_dim: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return scale
-
-
 def _check_pair(q: torch.Tensor, names: tuple[str, str, str], k: torch.Tensor, v: torch.Tensor) -> None:
     """Shapes, dtypes and devices of q against a key/value pair (prefill k/v or decode caches)."""
     qs, ks, vs = q.shape, k.shape, v.shape
@@ -164,7 +152,7 @@ def prepare_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     b, hq, sq, d = q.shape
-    scale = _check_scale(scale, d)
+    scale = check_attention_scale(scale, d)
     problem = _problem("attention", q.dtype, b, hq, k.shape[1], sq, k.shape[2], d, causal, q.device.type)
     (q, nq), (k, nk), (v, nv) = in_place("q", q), in_place("k", k), in_place("v", v)
     return AttentionCall(problem, q, k, v, scale, causal, _join((nq, nk, nv)))
@@ -224,7 +212,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     s_max = k_cache.shape[2]
     if _check_values_here(cache_seqlens):
         check_cache_seqlens(cache_seqlens, s_max)
-    scale = _check_scale(scale, d)
+    scale = check_attention_scale(scale, d)
     problem = _problem("decode_attention", q.dtype, b, hq, k_cache.shape[1], sq, s_max, d, True,
                                q.device.type)
     (q, nq), (k, nk), (v, nv) = in_place("q", q), in_place("k_cache", k_cache), in_place("v_cache", v_cache)

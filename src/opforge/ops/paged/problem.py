@@ -11,14 +11,13 @@ for; every check raises before anything is written and names the argument.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from ...runtime.errors import check_float_tensor
+from ...runtime.errors import check_attention_scale, check_float_tensor
 
 OPS = ("paged_kv_cache_append", "paged_rotary_kv_cache_append", "paged_attention")
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -272,17 +271,6 @@ def prepare_rotary_append(q, k, v, k_pages, v_pages, block_tables, cache_seqlens
     return RotaryAppendCall(problem, app, q, cos, sin, positions, inplace)
 
 
-def _check_scale(scale: object, head_dim: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return scale
-
-
 def prepare_attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, max_query_len,
                       scale) -> AttentionCall:
     """Check every paged_attention argument by shape, dtype and device and describe the call."""
@@ -299,7 +287,7 @@ def prepare_attention(q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqle
                         f"got {type(max_query_len).__name__}")
     if max_query_len < 1:
         raise ValueError(f"max_query_len must be >= 1, got {max_query_len}")
-    scale = _check_scale(scale, d)
+    scale = check_attention_scale(scale, d)
     problem = PagedProblem("paged_attention", q.dtype, q.device.type, block_tables.shape[0], t, hq, hkv, d, bs, nb,
                            block_tables.shape[1], max_query_len)
     return AttentionCall(problem, q, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, scale)
