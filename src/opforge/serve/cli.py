@@ -159,6 +159,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     template = chat_template_for(args.model_dir, engine.model, engine.tokenizer)
     config = ServerConfig(model_name=name, chat_template=template, api_key=args.api_key,
                           max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
+    engine.warm_up()
     engine.start()
     try:
         backends = kernel_backends(engine)

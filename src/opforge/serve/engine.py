@@ -37,6 +37,7 @@ from .sampling import SamplingParams, make_generator, release_text, sample_rows
 from .scheduler import FINISHED, Chunk, Scheduler, Sequence
 from .stream import EngineStats, RequestOutput, RequestStream
 from .tokenizer import Detokenizer, encode
+from .warmup import warm_up_steps
 
 _FROM_MODEL = object()
 
@@ -415,6 +416,31 @@ class Engine:
         seq.finish_reason = reason
         del self._requests[seq.request_id]
         stream.put(self._output(seq, new, text, reason))
+
+    def warm_up(self) -> list[Union[int, str]]:
+        """Before the first request: run the model calls a step can make over the scratch block
+        (token counts 1, 2, 4, ... up to the step budget on CUDA, up to 16 elsewhere, and a mixed
+        call) and, on CUDA, capture every decode graph size, so that no request waits on a kernel
+        compile, a library load or a graph capture, and memory stays flat while serving. Returns
+        what ran: the token counts, "mixed", then "graph N" per captured size. Not while started.
+
+        Example:
+            >>> from opforge.models.testing import tiny_decoder
+            >>> Engine(tiny_decoder(), max_num_seqs=4, kv_blocks=16).warm_up()
+            [1, 2, 4, 8, 16, 'mixed']
+        """
+        if self._thread is not None:
+            raise RuntimeError("warm_up runs before start(): the started engine's thread owns the model")
+        budget = self.scheduler.max_num_batched_tokens
+        if self.device.type != "cuda":      # no compiles by shape there: a few small calls suffice
+            budget = min(budget, 16)
+        with self._lock:
+            done = warm_up_steps(self.model, self.pages, self.block_size, self.max_model_len, budget)
+            if self._graphs is not None:
+                done += [f"graph {n}" for n in self._graphs.capture_all()]
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        return done
 
     # ---- the step loop's thread ------------------------------------------------------------------
     def start(self) -> None:

@@ -1,7 +1,8 @@
 """CUDA graphs of decode-only steps (one new token per sequence) at padded batch sizes.
 
 Batch sizes are padded up to 1, 2, 4, 8, 16, 32, 64, ... (the last one ``max_num_seqs``); each
-size is captured once, the first time a step of that size runs. Padding rows decode into the
+size is captured once: all of them by ``capture_all`` (the engine's warm-up), else the first time
+a step of that size runs. Padding rows decode into the
 scratch block (block 0, never in a sequence's table) at position 0, so they touch nothing real.
 The step's inputs live in static buffers that each step refills (one pinned buffer, copied in one
 piece or two); the block tables stay on the device and get only their new entries.
@@ -97,6 +98,19 @@ class DecodeGraphs:
         graph, logits, greedy = self._graphs[n]
         graph.replay()
         return logits[:b], greedy[:b]
+
+    def capture_all(self) -> list[int]:
+        """Capture every padded size not captured yet, all rows padding (they touch only the scratch
+        block); returns the sizes captured."""
+        captured = []
+        for n in self.sizes:
+            if n not in self._graphs:
+                self.tokens[:n].zero_()
+                self.seqlens_long[:n].zero_()
+                self.slots[:n].fill_(self.slot_tables.padding)
+                self._graphs[n] = self._capture(n)
+                captured.append(n)
+        return captured
 
     def _step(self, n: int) -> torch.Tensor:
         tables = self.slot_tables.tables.index_select(0, self.slots[:n])
