@@ -32,6 +32,7 @@ import torch
 
 from ..models.generate import argmax_rows
 from .graphs import DecodeGraphs
+from .mixed_graphs import MixedGraphs
 from .kv_cache import SCRATCH_BLOCK, BlockManager
 from .sampling import SamplingParams, make_generator, release_text, sample_rows
 from .scheduler import FINISHED, Chunk, Scheduler, Sequence
@@ -99,7 +100,8 @@ class Engine:
         max_num_batched_tokens: tokens per step at most (decode tokens + prefill chunks); default
             ``max(8192, max_num_seqs)``: a step with prefill costs the host about the same
             whatever its tokens, so larger chunks keep the device busy (see docs/serving.md).
-        cuda_graphs: on CUDA, replay decode-only steps from CUDA graphs.
+        cuda_graphs: on CUDA, replay decode-only steps, and steps with prefill of up to 2048
+            tokens, from CUDA graphs (``graphs``, ``mixed_graphs``).
         overlap: launch a greedy decode step's successor before reading its tokens (see
             ``step``), so the host's per-token work runs while the device computes. On by
             default: on an H100 (1B, bf16) it took batch-1 decoding from ~480 to ~830 tokens/s.
@@ -138,6 +140,8 @@ class Engine:
         self.max_blocks_per_seq = self.cache.blocks_for(max_model_len)
         self._graphs = DecodeGraphs(model, self.pages, max_num_seqs, self.max_blocks_per_seq) \
             if cuda_graphs and self.device.type == "cuda" else None
+        self._mixed = MixedGraphs(model, self.pages, max_num_seqs, self.max_blocks_per_seq, max_num_batched_tokens,
+                                  self._graphs._pool) if self._graphs is not None else None
         self._requests: dict[str, tuple[Sequence, RequestStream]] = {}
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
@@ -330,6 +334,8 @@ class Engine:
                     fed = prev.greedy[(where_t.pin_memory() if dev.type == "cuda" else where_t).to(dev, non_blocking=True)]
             if self._graphs is not None and decode_only and self._graphs.size_for(len(chunks)) is not None:
                 logits, greedy = self._graphs.run(ids if fed is None else fed, tables, starts)
+            elif fed is None and self._mixed is not None and self._mixed.size_for(len(chunks), cu[-1]) is not None:
+                logits, greedy = self._mixed.run(ids, tables, starts, cu, rows)
             else:
                 width = max(len(t) for t in tables)
                 flat: list[int] = []
@@ -438,6 +444,7 @@ class Engine:
             done = warm_up_steps(self.model, self.pages, self.block_size, self.max_model_len, budget)
             if self._graphs is not None:
                 done += [f"graph {n}" for n in self._graphs.capture_all()]
+                done += [f"graph {n}x{t}" for n, t in self._mixed.capture_all()]
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         return done
