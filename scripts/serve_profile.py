@@ -33,7 +33,7 @@ except Exception as exc:     # noqa: BLE001
     print("no compile hook:", exc)
 
 from opforge.bench.suites.model_grid import _config  # noqa: E402
-from opforge.bench.suites.serve import _warm, workloads  # noqa: E402
+from opforge.bench.suites.serve import workloads  # noqa: E402
 from opforge.models import load  # noqa: E402
 from opforge.models.testing import write_random_checkpoint  # noqa: E402
 from opforge.serve import Engine, SamplingParams  # noqa: E402
@@ -76,7 +76,7 @@ Engine._launch = _launch_note
 def timed_run(model, cfg, report, label, w, max_num_seqs, overlap=False, profile_steps=(), host_profile=False):
     engine = Engine(model, max_num_seqs=max_num_seqs, enable_prefix_caching=w.prefix_caching, overlap=overlap)
     tw, nc0 = time.perf_counter(), len(compiles)
-    _warm(engine, cfg["vocab_size"], max(len(p) for p in w.prompts))
+    engine.warm_up()
     _sync()
     warm_s, warm_compiles = time.perf_counter() - tw, len(compiles) - nc0
     phase.clear()

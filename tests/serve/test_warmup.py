@@ -56,7 +56,7 @@ def test_a_warmed_up_engine_serves_the_same_tokens_and_state(model):
     if torch.device(DEVICE).type == "cuda":
         graphs = done[done.index("mixed") + 1:]
         assert graphs[:3] == ["graph 1", "graph 2", "graph 4"]
-        assert graphs[3:] == [f"graph {n}x{t}" for n in (2, 4, 8) for t in (32, 64, 128, 256, 512, 1024, 2048)]
+        assert graphs[3:] == [f"graph {n}x{t}" for n in (2, 4, 5) for t in (32, 64, 128, 256, 512, 1024, 2048)]
         assert warm.warm_up()[-1] == "mixed"            # the graphs are captured once
     assert warm.stats() == cold.stats()
     assert _serve(warm, prompts) == _serve(cold, prompts)

@@ -114,6 +114,7 @@ async def _offline(model_dir: str, args: argparse.Namespace, warm: list[LoadRequ
                           kv_memory_fraction=args.kv_memory_fraction or 0.9, kv_blocks=args.kv_blocks,
                           max_num_batched_tokens=args.max_num_batched_tokens, overlap=not args.no_overlap,
                           enable_prefix_caching=not args.no_prefix_caching)
+    engine.warm_up()
     engine.start()
     try:
         send = engine_sender(engine)
@@ -128,7 +129,10 @@ async def _offline(model_dir: str, args: argparse.Namespace, warm: list[LoadRequ
         return rows
     finally:
         engine.shutdown()
-        del engine
+        # free the KV pool and graphs before the server loads the model: the sender's closure and
+        # the step loop's thread both refer to the engine, so only a collection frees it
+        send = None
+        del engine, send
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -64,7 +64,11 @@ class MixedGraphs:
         self.cu, self.rows = self.inputs[o[3]:o[4]], self.inputs[o[4]:o[5]]
         self._host = [torch.zeros(width, dtype=torch.long, pin_memory=self.capture) for _ in range(2)]
         self._turn = 0
-        self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int], Any] = {}
+        # every graph writes its outputs here (a graph's own outputs would stay allocated, one set
+        # per size: ~2 GB of float32 logits for the 1B shape's 63 sizes)
+        self.logits = torch.empty((n, model.config.vocab_size), dtype=torch.float32, device=dev)
+        self.greedy = torch.empty(n, dtype=torch.long, device=dev)
         self._pool = pool if pool is not None or not self.capture else torch.cuda.graph_pool_handle()
 
     def size_for(self, seqs: int, tokens: int) -> Optional[tuple[int, int]]:
@@ -109,9 +113,8 @@ class MixedGraphs:
             return logits[:len(rows)], argmax_rows(logits)[:len(rows)]
         if (n, t) not in self._graphs:
             self._graphs[n, t] = self._capture(n, t)
-        graph, logits, greedy = self._graphs[n, t]
-        graph.replay()
-        return logits[:len(rows)], greedy[:len(rows)]
+        self._graphs[n, t].replay()
+        return self.logits[:len(rows)], self.greedy[:len(rows)]
 
     def capture_all(self) -> list[tuple[int, int]]:
         """Capture every (sequences, tokens) size not captured yet, all tokens the padding
@@ -137,7 +140,7 @@ class MixedGraphs:
         return self.model.paged_step(self.tokens[:t], self.cache, tables, self.starts[:n].int(),
                                      self.cu[:n + 1].int(), t, self.rows[:n])
 
-    def _capture(self, n: int, t: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    def _capture(self, n: int, t: int) -> Any:
         # as DecodeGraphs._capture: warm up off the capture; the warm-up's cache writes are the
         # ones the replay makes
         dev = self.model.device
@@ -150,5 +153,6 @@ class MixedGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             logits = self._step(n, t)
-            greedy = argmax_rows(logits)
-        return graph, logits, greedy
+            self.logits[:n].copy_(logits)
+            self.greedy[:n].copy_(argmax_rows(logits))
+        return graph

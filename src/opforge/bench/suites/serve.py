@@ -116,33 +116,13 @@ def _reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _warm(engine: Any, vocab: int, longest_prompt: int) -> None:
-    """Compile the kernels and capture every padded decode size: one long prompt alone (a step of
-    one sequence), then requests ending one step apart take the batch through all sizes, and one
-    more long prompt runs the prefill path beside decode tokens."""
-    from opforge.serve import SamplingParams
-    n = engine.max_num_seqs
-    engine.add_request("warm-solo", [5] * min(longest_prompt, engine.max_model_len - 2),
-                       SamplingParams(max_tokens=2, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
-    for i in range(n):
-        engine.add_request(f"warm{i}", [3 + i % (vocab - 3)] * 8, SamplingParams(max_tokens=i + 1, ignore_eos=True))
-    engine.add_request("warm-long", [5] * min(longest_prompt, engine.max_model_len - 2),
-                       SamplingParams(max_tokens=1, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
-    engine.cache.reset_prefix_cache()
-
-
 def run_engine(model: Any, w: Workload, device: torch.device, max_num_seqs: int, vocab: int,
                max_num_batched_tokens: Optional[int] = None, overlap: bool = True) -> dict[str, Any]:
     """One workload through a new ``Engine``, warmed up first (kernels compiled, graphs captured)."""
     from opforge.serve import Engine, SamplingParams
     engine = Engine(model, max_num_seqs=max_num_seqs, enable_prefix_caching=w.prefix_caching,
                     max_num_batched_tokens=max_num_batched_tokens, overlap=overlap)
-    _warm(engine, vocab, max(len(p) for p in w.prompts))
-    engine.cache.reset_prefix_cache()
+    engine.warm_up()        # kernels compiled, library kernels loaded, every graph size captured
     before = engine.stats()
     preempted = engine.scheduler.preemptions
     sync(device)
