@@ -84,5 +84,39 @@ def no_slower_than(peer: str, metric: str) -> Target:
     return Target(f"{_metric(metric)} no worse than {peer}", check)
 
 
+def speedup_at_least(peer: str, goals: Mapping[tuple[str, int], float], metric: str = "gpu_us",
+                     share_of_copy: Mapping[tuple[str, int], float] | None = None) -> Target:
+    """opforge at least ``goals[(op, shape[0])]`` times faster than ``peer`` (and, where
+    ``share_of_copy`` names the case, at least that percent of copy bandwidth).
+
+    Cases whose (op, first dimension) no goal names are not judged.
+
+    Example:
+        >>> t = speedup_at_least("torch", {("linear_int4_g128", 1): 3.0}, share_of_copy={("linear_int4_g128", 1): 80})
+    """
+    pct = dict(share_of_copy or {})
+    text = ", ".join(f"{op} at {m}: {x:g}x" for (op, m), x in goals.items())
+
+    def check(case: CaseResult) -> tuple[bool, str] | None:
+        key = (case.op, case.shape[0])
+        if key not in goals:
+            return None
+        missing = _opforge_missing(case)
+        if missing is not None:
+            return missing
+        mine, theirs = case.time(OPFORGE, metric), case.time(peer, metric)
+        if mine is None or theirs is None:
+            return None
+        ratio = theirs / mine
+        met, detail = ratio >= goals[key], f"{ratio:.2f}x {peer} (goal {goals[key]:g}x)"
+        r = case.results[OPFORGE]
+        if key in pct and r.pct_copy is not None:
+            met = met and r.pct_copy >= pct[key]
+            detail += f", {r.pct_copy:.1f}% of copy (goal {pct[key]:g}%)"
+        return met, detail
+
+    return Target(f"speedup over {peer} ({_metric(metric)}): {text}", check)
+
+
 def _metric(metric: str) -> str:
     return {"gpu_us": "GPU time", "wall_us": "wall time per call"}.get(metric, metric)

@@ -1,6 +1,7 @@
-"""The kv_append and delay suites' entries run end to end on the CPU with small shapes: opforge
-and the torch composite each correct against the float64 oracle (exact for the integer codes),
-timed, and judged by the suite's copy-bandwidth target."""
+"""Suites on the CPU with small shapes: the kv_append and delay entries run end to end (opforge and
+the torch composite each correct against the float64 oracle, exact for the integer codes, timed,
+judged by the suite's copy-bandwidth target); the quant suite's speedup targets judge the rows
+they name and only those."""
 from __future__ import annotations
 
 import contextlib
@@ -61,3 +62,19 @@ def test_delay_oracle_catches_a_one_step_shift():
     wrong = op.reference(codes, delays + 1)
     err, problem = compare(wrong, op.reference(codes, delays), torch.int64)
     assert problem is None and err > 0.1
+
+
+@pytest.mark.parametrize("m,judged", [(1, True), (2, False)])
+def test_quant_targets_judge_the_rows_they_name(m, judged, tiny_timing, cpu):
+    opts = RunOptions(device=cpu, suites=["quant"], ops=["linear_int4_g128"], shapes=[(m, 32, 256)],
+                      dtypes=[torch.float32], timing=tiny_timing, impls=[OPFORGE, TORCH])
+    (suite,) = Runner(opts).run().suites
+    (case,) = suite.cases
+    assert case.results[OPFORGE].status == OK and case.results[TORCH].status == OK
+    if not judged:
+        assert suite.targets == []
+        return
+    (t,) = suite.targets
+    ratio = case.time(TORCH, "gpu_us") / case.time(OPFORGE, "gpu_us")
+    assert t.detail.startswith(f"{ratio:.2f}x torch (goal 3x)") and "% of copy (goal 80%)" in t.detail
+    assert t.met == (ratio >= 3.0 and case.results[OPFORGE].pct_copy >= 80.0)
