@@ -78,3 +78,35 @@ def test_quant_targets_judge_the_rows_they_name(m, judged, tiny_timing, cpu):
     ratio = case.time(TORCH, "gpu_us") / case.time(OPFORGE, "gpu_us")
     assert t.detail.startswith(f"{ratio:.2f}x torch (goal 3x)") and "% of copy (goal 80%)" in t.detail
     assert t.met == (ratio >= 3.0 and case.results[OPFORGE].pct_copy >= 80.0)
+
+
+def test_io_suite_loads_a_small_checkpoint_and_checks_every_tensor(tmp_path):
+    """The io suite's small form on the CPU: opforge's loader in a fresh process, every tensor
+    equal to the one written, a speed and a verdict reported."""
+    import json
+
+    from opforge.bench.cli import main
+    j, md = tmp_path / "io.json", tmp_path / "io.md"
+    assert main(["--suite", "io", "--quick", "--device", "cpu", "--impls", "opforge", "--json", str(j),
+                 "--markdown", str(md)]) == 0
+    result = json.loads(j.read_text())
+    (row,) = result["rows"]
+    assert row["impl"] == "opforge" and "error" not in row and row["gbps"] > 0 and row["rss_growth_mb"] > 0
+    assert result["file_bytes"] > 1e7 and [t["target"] for t in result["targets"]] == [">= 2 GB/s"]
+    assert "| opforge |" in md.read_text()
+
+
+def test_io_check_catches_a_changed_tensor():
+    from opforge.bench.suites import io
+    spec = io.llama_like(0.06, shrink=8)[:3]
+    loaded = {name: io.tensor_for(i, shape) for i, (name, shape) in enumerate(spec)}
+    assert io._check(loaded, spec) is None
+    loaded[spec[1][0]] = loaded[spec[1][0]].clone()
+    loaded[spec[1][0]].view(-1)[7] += 1
+    assert io._check(loaded, spec) == f"{spec[1][0]}: not equal to the tensor written"
+
+
+def test_io_suite_refuses_an_unknown_loader(capsys):
+    from opforge.bench.cli import main
+    assert main(["--suite", "io", "--device", "cpu", "--impls", "mmap"]) == 2
+    assert "unknown loader" in capsys.readouterr().err
