@@ -110,3 +110,20 @@ def test_io_suite_refuses_an_unknown_loader(capsys):
     from opforge.bench.cli import main
     assert main(["--suite", "io", "--device", "cpu", "--impls", "mmap"]) == 2
     assert "unknown loader" in capsys.readouterr().err
+
+
+def test_fusion_first_call_target_compares_first_calls(tiny_timing, cpu):
+    """The fusion suite's first-call target is judged from both first calls (torch.compile on the
+    CPU compiles through Inductor's C++ backend; where it cannot, the target is not judged)."""
+    opts = RunOptions(device=cpu, suites=["fusion"], shapes=[(8, 64)], dtypes=[torch.float32], timing=tiny_timing,
+                      impls=[OPFORGE, "torch.compile"])
+    (suite,) = Runner(opts).run().suites
+    (case,) = suite.cases
+    mine, theirs = case.results[OPFORGE], case.results["torch.compile"]
+    assert mine.status == OK and mine.first_call_s > 0
+    judged = [t for t in suite.targets if t.target.startswith("first call")]
+    if theirs.status != OK:
+        assert judged == []
+        return
+    (t,) = judged
+    assert t.met == (theirs.first_call_s / mine.first_call_s >= 10.0) and "goal 10x" in t.detail

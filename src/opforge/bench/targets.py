@@ -118,5 +118,27 @@ def speedup_at_least(peer: str, goals: Mapping[tuple[str, int], float], metric: 
     return Target(f"speedup over {peer} ({_metric(metric)}): {text}", check)
 
 
+def first_call_shorter(peer: str, factor: float) -> Target:
+    """opforge's first call (for a fused function: trace, code generation, compile, launch) at
+    least ``factor`` times shorter than ``peer``'s first call (torch.compile's compile). The
+    times are cold only where the caches are (a fresh ``TRITON_CACHE_DIR``, a new process).
+
+    Example:
+        >>> t = first_call_shorter("torch.compile", 10.0)
+    """
+
+    def check(case: CaseResult) -> tuple[bool, str] | None:
+        missing = _opforge_missing(case)
+        if missing is not None:
+            return missing
+        mine, theirs = case.results[OPFORGE].first_call_s, case.results.get(peer)
+        if mine is None or theirs is None or not theirs.ok or theirs.first_call_s is None:
+            return None
+        ratio = theirs.first_call_s / mine
+        return ratio >= factor, f"first call {mine:.2f} s vs {theirs.first_call_s:.2f} s: {ratio:.1f}x (goal {factor:g}x)"
+
+    return Target(f"first call >= {factor:g}x shorter than {peer}'s", check)
+
+
 def _metric(metric: str) -> str:
     return {"gpu_us": "GPU time", "wall_us": "wall time per call"}.get(metric, metric)
