@@ -127,3 +127,15 @@ def test_fusion_first_call_target_compares_first_calls(tiny_timing, cpu):
         return
     (t,) = judged
     assert t.met == (theirs.first_call_s / mine.first_call_s >= 10.0) and "goal 10x" in t.detail
+
+
+@pytest.mark.parametrize("op,shape,judged", [("attention", (1, 2, 16, 16), False),
+                                              ("decode_attention", (1, 4, 2, 32, 16), True)])
+def test_attention_copy_target_judges_decode_only(op, shape, judged, tiny_timing, cpu):
+    opts = RunOptions(device=cpu, suites=["attention"], ops=[op], timing=tiny_timing, shapes=[shape],
+                      dtypes=[torch.bfloat16], impls=[OPFORGE, TORCH])
+    (suite,) = Runner(opts).run().suites
+    (case,) = suite.cases
+    assert case.results[OPFORGE].status == OK, case.results[OPFORGE].reason
+    copy = [t for t in suite.targets if "copy-bandwidth" in t.target]
+    assert len(copy) == (1 if judged else 0)

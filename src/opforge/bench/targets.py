@@ -22,17 +22,19 @@ def _opforge_missing(case: CaseResult) -> tuple[bool, str] | None:
     return None
 
 
-def bandwidth_at_least(pct_by_dtype: Mapping[str, float]) -> Target:
-    """opforge reaches ``pct_by_dtype[dtype]`` percent of the measured copy bandwidth.
+def bandwidth_at_least(pct_by_dtype: Mapping[str, float], ops: tuple[str, ...] | None = None) -> Target:
+    """opforge reaches ``pct_by_dtype[dtype]`` percent of the measured copy bandwidth (only in the
+    cases of ``ops``, when given).
 
     Example:
         >>> t = bandwidth_at_least({"bf16": 90.0, "fp16": 90.0, "fp32": 85.0})
+        >>> t = bandwidth_at_least({"bf16": 85.0}, ops=("decode_attention",))
     """
-    text = ", ".join(f"{k} {v:g}%" for k, v in pct_by_dtype.items())
+    text = ", ".join(f"{k} {v:g}%" for k, v in pct_by_dtype.items()) + (f"; {', '.join(ops)}" if ops else "")
 
     def check(case: CaseResult) -> tuple[bool, str] | None:
         goal = pct_by_dtype.get(case.dtype)
-        if goal is None:
+        if goal is None or (ops is not None and case.op not in ops):
             return None
         missing = _opforge_missing(case)
         if missing is not None:

@@ -43,7 +43,7 @@ MAX_SPLITS = 128             # decode: at most this many slices of one sequence
 MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
 # decode: slices sized by the tokens in the cache (read on the device) rather than by its
 # capacity, about one program per SM. H100 (at f515a1a, batch 1, CUDA graphs, L2-cold caches,
-# benchmarks/tools/gpu_decode_breakdown.py --part attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
+# benchmarks/results/h100/2026-11-23-f515a1a/run1/attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
 # in a 1024 cache 6.7 -> 5.8; 8B 512 in 4096 8.4 -> 6.3; full 4096 caches 9.0 -> 9.2 and 12.3 ->
 # 12.4 (1B, 8B).
 DECODE_BY_LENGTH_PROGRAMS_PER_SM = 1

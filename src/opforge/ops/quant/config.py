@@ -40,7 +40,7 @@ SPLIT_FIXUP_DOT = False
 #: words at once, as 8 rows of 1 KB (2048 int4 / 1024 int8 codes) or, for N >= ``WIDE_K_WIDE_N``,
 #: 16 rows of 512 B, so a decode-sized weight is read in one or a few steps with every load in
 #: flight, instead of 8 KB steps of 128 codes over up to 16 K splits. H100 sweep (at b634a74,
-#: CUDA graphs over L2-cold weights, ``benchmarks/tools/gpu_decode_breakdown.py``): 1B qkv/o/gate_up/down
+#: CUDA graphs over L2-cold weights, ``results/h100/2026-11-23-b634a74/breakdown_run1.json``): 1B qkv/o/gate_up/down
 #: 4.6/4.0/12.5/9.2 us vs 6.8/6.1/13.4/10.2 with the 128x128 tiles (torch's tinygemm 4.1/3.8/12.0/8.3).
 WIDE_K_STEP_BYTES = 8192
 WIDE_K_WIDE_N = 16384
