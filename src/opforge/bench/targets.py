@@ -137,7 +137,8 @@ def first_call_shorter(peer: str, factor: float) -> Target:
         if mine is None or theirs is None or not theirs.ok or theirs.first_call_s is None:
             return None
         ratio = theirs.first_call_s / mine
-        return ratio >= factor, f"first call {mine:.2f} s vs {theirs.first_call_s:.2f} s: {ratio:.1f}x (goal {factor:g}x)"
+        detail = f"first call {mine:.2f} s vs {theirs.first_call_s:.2f} s: {ratio:.1f}x (goal {factor:g}x)"
+        return ratio >= factor, detail
 
     return Target(f"first call >= {factor:g}x shorter than {peer}'s", check)
 

@@ -205,7 +205,8 @@ def test_tile_configs():
     assert config.prefill_config(128, 2) == (128, 128, 8, 3)
     assert config.prefill_config(256, 2)[0] <= 64
     assert config.head_block(80) == 128 and config.head_block(8) == 16
-    assert config.decode_config(128, 2, 4 * 4)[0] == 16 and config.decode_config(128, 2, 8 * 16)[0] == config.MAX_ROW_BLOCK
+    assert config.decode_config(128, 2, 4 * 4)[0] == 16
+    assert config.decode_config(128, 2, 8 * 16)[0] == config.MAX_ROW_BLOCK
 
 
 # ---- GPU only: real sizes, CUDA graphs ----------------------------------------------------------

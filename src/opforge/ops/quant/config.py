@@ -82,8 +82,8 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     from N alone), BLOCK_K = min(group, 64). More rows: 64- or 128-row tiles, 128 features unless
     N is small, BLOCK_K = min(group, 64).
 
-    int4 takes the best of the H100 tile sweep at 980a81d (4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md): M 5..16
-    128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept). One row
+    int4 takes the best of the H100 tile sweep at 980a81d (4096x4096 and 28672x8192, int4 g128;
+    benchmarks/NOTES.md): M 5..16 128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept). One row
     (int4 and int8) takes ``wide_k_config`` (the sweep at b634a74). Past the GEMV's rows and up to
     ``SWAP_MAX_M`` the swapped dot
     kernel's tiles: BLOCK_M the power of two >= M (16 at least), 64 features, BLOCK_K the group up
