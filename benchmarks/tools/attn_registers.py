@@ -12,7 +12,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from opforge.ops.attention import triton_kernels as tk
+from opforge.ops.attention import config, triton_kernels as tk
+from opforge.runtime.triton.launch import next_power_of_2
 from ptxas_tool import ptxas_verbose
 
 DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
@@ -41,8 +42,8 @@ def ptxas(ptx_text: str) -> str:
 
 
 def prefill(dtype: str, d: int, causal: bool, cfg=None) -> str:
-    bm, bn, warps, stages = cfg or tk.prefill_config(d, 4 if dtype == "fp32" else 2)
-    bd = tk.head_block(d)
+    bm, bn, warps, stages = cfg or config.prefill_config(d, 4 if dtype == "fp32" else 2)
+    bd = config.head_block(d)
     ptrs = {a: "*" + dtype for a in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
     ints = ("sq", "sk", "hq", "group", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss",
             "o_sb", "o_sh", "o_ss")
@@ -53,21 +54,21 @@ def prefill(dtype: str, d: int, causal: bool, cfg=None) -> str:
 
 
 def decode(dtype: str, d: int, rows: int, cfg=None, direct: bool = False) -> str:
-    br, bn, warps, stages = cfg or tk.decode_config(d, 4 if dtype == "fp32" else 2, rows)
-    bd = tk.head_block(d)
+    br, bn, warps, stages = cfg or config.decode_config(d, 4 if dtype == "fp32" else 2, rows)
+    bd = config.head_block(d)
     ptrs = {"q_ptr": "*" + dtype, "k_ptr": "*" + dtype, "v_ptr": "*" + dtype, "lens_ptr": "*i32",
             "po_ptr": "*fp32", "o_ptr": "*" + dtype}
     ints = ("lse_off", "hkv", "hq", "sq", "rows", "s_max", "split_len", "num_splits", "q_sb", "q_sh", "q_ss",
             "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss")
     consts = dict(D=d, BLOCK_D=bd, BLOCK_R=br, BLOCK_N=bn, DOT_F32=False, IEEE=dtype == "fp32", DIRECT=direct,
-                  PAD_D=bd != d)
+                  PAD_D=bd != d, BY_LENGTH=not direct, PDL=False)
     return f"{br}x{bn} w{warps} s{stages}: " + ptxas(compile_ptx(tk._decode_split_kernel, ptrs, ints, ("qk_scale",),
                                                                  consts, warps, stages))
 
 
 def combine(d: int, splits: int) -> str:
-    bs = max(2, tk.next_power_of_2(splits))
-    consts = dict(D=d, BLOCK_D=tk.head_block(d), BLOCK_S=bs, CHUNK_S=min(bs, 16))
+    bs = max(2, next_power_of_2(splits))
+    consts = dict(D=d, BLOCK_D=config.head_block(d), BLOCK_S=bs, CHUNK_S=min(bs, 16), PDL=False)
     return ptxas(compile_ptx(tk._decode_combine_kernel, {"po_ptr": "*fp32", "o_ptr": "*bf16"},
                              ("lse_off", "num_splits"), (), consts, 2, 2))
 

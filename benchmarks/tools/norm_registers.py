@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from opforge.ops.norm import triton_kernels as tk
+from opforge.ops.norm import config, triton_kernels as tk
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 POINTERS = ("x_ptr", "r_ptr", "y_ptr", "s_ptr", "w_ptr", "b_ptr")
@@ -62,8 +62,8 @@ def main() -> None:
             for bm, bn, warps in ((16, 128, 4), (1, 1024, 4), (1, 4096, 4), (1, 16384, 16), (1, 32768, 32)):
                 info = registers(tk._tile_kernel, dict(base, BLOCK_M=bm, BLOCK_N=bn), args.dtype, warps)
                 print(f"SAMPLE={sample:<3d} {name:15s} tile {bm}x{bn} {warps:2d} warps: {info}")
-            info = registers(tk._looped_kernel, dict(base, CHUNK=tk.LOOP_CHUNK), args.dtype, 32)
-            print(f"SAMPLE={sample:<3d} {name:15s} looped {tk.LOOP_CHUNK} 32 warps: {info}")
+            info = registers(tk._looped_kernel, dict(base, CHUNK=config.LOOP_CHUNK), args.dtype, 32)
+            print(f"SAMPLE={sample:<3d} {name:15s} looped {config.LOOP_CHUNK} 32 warps: {info}")
 
 
 if __name__ == "__main__":

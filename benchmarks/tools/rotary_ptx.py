@@ -1,7 +1,7 @@
 """Compile the rotary kernel for sm_90 without a GPU and report registers and vector widths.
 
 For the prefill configuration (bf16, D = R = 128, rotate-half, 16-byte divisible strides):
-heads per program x num_warps as in gpu_check_rope.py's sweep.
+heads per program x num_warps as in the rotary prefill tile sweep (benchmarks/NOTES.md, rotary).
 
     PYTHONPATH=src python benchmarks/tools/rotary_ptx.py
 """

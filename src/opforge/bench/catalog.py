@@ -25,6 +25,7 @@ from opforge.ops.attention import bench as _attention  # noqa: F401
 from opforge.ops.quant import bench as _quant  # noqa: F401
 from opforge.ops.rotary import bench as _rotary  # noqa: F401
 from opforge.ops.paged import bench as _paged  # noqa: F401
+from opforge.ops.delay import bench as _delay  # noqa: F401
 from opforge.fusion import bench as _fusion  # noqa: F401
 from opforge.bench.suites import torch_path as _torch_path  # noqa: F401  (the torch path vs PyTorch, CPU)
 

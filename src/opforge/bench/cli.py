@@ -25,6 +25,7 @@ examples:
   opforge bench --device cpu --shapes 2x32x256 --quick
   opforge bench --from-json r.json --compact      # re-render a saved run, no measuring
   opforge bench --suite serve --quick             # the serving engine on small workloads
+  opforge bench --suite io --device cuda --json io.json   # loading a checkpoint onto the GPU
 """
 
 
@@ -82,6 +83,8 @@ def _list() -> None:
           "transformers peers (--shapes 1b,8b, --budget S)", file=out)
     print("  serve    the serving engine offline: ragged-64/256, shared-prefix (with and without prefix caching), "
           "batch1; peers static generate, transformers generate_batch (--ops WORKLOADS, --impls, --quick)", file=out)
+    print("  io       loading a SafeTensors checkpoint (~3 GB bf16, --shapes GB, --quick: small): GB/s and host "
+          "memory of opforge.load_safetensors (plain, int4) vs safetensors' loaders", file=out)
     print("  torch_path_decode  CPU: SmolLM2-135M greedy decode, opforge generate vs transformers eager, float32",
           file=out)
     print("ops: " + ", ".join(op_names()), file=out)
@@ -185,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise _UsageError("run --suite serve on its own")
             from opforge.bench.suites.serve import main as serve_main
             return serve_main(args)
+        if "io" in (split_list(args.suite) or []):         # loading a checkpoint, not an op table
+            if split_list(args.suite) != ["io"]:
+                raise _UsageError("run --suite io on its own")
+            from opforge.bench.suites.io import main as io_main
+            return io_main(args)
         if "torch_path_decode" in (split_list(args.suite) or []):  # the CPU decode, end to end
             if split_list(args.suite) != ["torch_path_decode"]:
                 raise _UsageError("run --suite torch_path_decode on its own")

@@ -72,7 +72,8 @@ def compare(outputs: Any, reference: Any, dtype: torch.dtype) -> tuple[float | N
         o64 = o.detach().to(device=r.device, dtype=torch.float64)
         if not bool(torch.isfinite(o64).all()):
             return None, f"output {i} has NaN or Inf"
-        denom = float(torch.linalg.vector_norm(r))
-        err = float(torch.linalg.vector_norm(o64 - r))
+        r64 = r.to(torch.float64)               # integer outputs (codes) are compared as numbers too
+        denom = float(torch.linalg.vector_norm(r64))
+        err = float(torch.linalg.vector_norm(o64 - r64))
         worst = max(worst, err / denom if denom > 0 else err)
     return worst, None

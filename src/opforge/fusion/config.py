@@ -3,7 +3,7 @@
 A program handles ``TILE_BYTES`` bytes of its widest input (4 KiB: 16 bytes per thread, four
 times, with 4 warps), enough loads in flight to stream at full bandwidth on an H100 while
 keeping registers light. Plans cache the result; change these and call
-``opforge.fusion.clear_caches()`` to try others (``benchmarks/tools/gpu_check_fusion.py`` sweeps them).
+``opforge.fusion.clear_caches()`` to try others (``opforge bench --suite fusion`` measures the result).
 
 Example:
     >>> flat_config(1 << 20, 2)

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import opforge
-from opforge.ops.activation import cases, reference, triton_kernels as tk
+from opforge.ops.activation import cases, config, reference, triton_kernels as tk
 from opforge.ops.activation.problem import GATED, OPS, prepare
 from opforge.testing import DEVICE, ON_GPU, TOLERANCE, max_rel_error, run_case
 
@@ -27,7 +27,7 @@ def check(case, backend: str = "triton"):
     return t[0], args, out
 
 
-EDGE_SHAPES = [(), (1,), (7,), (3, 77), (2, 3, 130), (tk.BLOCK[4] + 1,)]
+EDGE_SHAPES = [(), (1,), (7,), (3, 77), (2, 3, 130), (config.BLOCK[4] + 1,)]
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from opforge.ops.attention import cases, reference, triton_kernels as tk
+from opforge.ops.attention import cases, config, reference, triton_kernels as tk
 from opforge.ops.attention.problem import prepare_decode
 from opforge.testing import DEVICE, ON_GPU, TOLERANCE, check_case, max_rel_error
 
@@ -189,23 +189,24 @@ def test_decode_slices_by_length(splits):
 
 
 def test_decode_splits_by_length_fill_the_gpu():
-    assert tk.decode_splits_by_length(1, 8, 1, 4096, 132, 64) == 16      # 128 programs: 1 per SM
-    assert tk.decode_splits_by_length(1, 8, 1, 100, 132, 64) == 2        # at most a slice per key tile
-    assert tk.decode_splits_by_length(64, 8, 1, 4096, 132, 64) == 1
+    assert config.decode_splits_by_length(1, 8, 1, 4096, 132, 64) == 16      # 128 programs: 1 per SM
+    assert config.decode_splits_by_length(1, 8, 1, 100, 132, 64) == 2        # at most a slice per key tile
+    assert config.decode_splits_by_length(64, 8, 1, 4096, 132, 64) == 1
 
 
 def test_decode_default_splits_on_a_long_cache():
     """The public path with the split heuristic giving several slices."""
-    assert tk.decode_splits_by_length(1, 1, 1, 100, tk.sm_count(None), 16) > 1
+    assert config.decode_splits_by_length(1, 1, 1, 100, tk.sm_count(None), 16) > 1
     case = cases.decode_case(1, 4, 1, 1, 100, 64, torch.float16, (73,))
     check_case(case, "triton")
 
 
 def test_tile_configs():
-    assert tk.prefill_config(128, 2) == (128, 128, 8, 3)
-    assert tk.prefill_config(256, 2)[0] <= 64
-    assert tk.head_block(80) == 128 and tk.head_block(8) == 16
-    assert tk.decode_config(128, 2, 4 * 4)[0] == 16 and tk.decode_config(128, 2, 8 * 16)[0] == tk.MAX_ROW_BLOCK
+    assert config.prefill_config(128, 2) == (128, 128, 8, 3)
+    assert config.prefill_config(256, 2)[0] <= 64
+    assert config.head_block(80) == 128 and config.head_block(8) == 16
+    assert config.decode_config(128, 2, 4 * 4)[0] == 16
+    assert config.decode_config(128, 2, 8 * 16)[0] == config.MAX_ROW_BLOCK
 
 
 # ---- GPU only: real sizes, CUDA graphs ----------------------------------------------------------

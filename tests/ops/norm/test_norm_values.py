@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import opforge
-from opforge.ops.norm import cases, triton_kernels
+from opforge.ops.norm import cases, config, triton_kernels
 from opforge.ops.norm.problem import OPS
 from opforge.testing import check_case, max_rel_error, run_case, shapes_and_layouts
 
@@ -50,7 +50,7 @@ def test_triton_edge_shapes(op, dtype, shape, shift_sample):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_row_and_looped_boundaries(op, dtype, shift_sample):
     limit = ROW_LIMIT[dtype]
-    for n in (limit, limit + 1, 3 * triton_kernels.LOOP_CHUNK + 5):
+    for n in (limit, limit + 1, 3 * config.LOOP_CHUNK + 5):
         event = check(cases.make_case(op, (1, n), dtype), "triton")
         assert event.variant == expected_variant(n, dtype), n
 

@@ -243,8 +243,8 @@ def test_gemv_kernel_with_several_rows(bits, group_size, symmetric, m, block_m):
     assert (qc.tile_config(call.problem)[3] is False) == uses_gemv
 
 
-#: (bits, M) -> (BLOCK_N, BLOCK_K, use_dot, fixup) at N=40, K=2048, g128: the third sweep's
-#: choices (the default since 629522a). One row takes the wide-K tiles (test_wide_k_gemv_tiles).
+#: (bits, M) -> (BLOCK_N, BLOCK_K, use_dot, fixup) at N=40, K=2048, g128: the choices of the
+#: H100 tile sweep at 980a81d (the default since 629522a). One row takes the wide-K tiles (test_wide_k_gemv_tiles).
 CHOICES = {(4, 4): (128, 128, False, True), (8, 2): (64, 128, False, False),
            (4, 8): (64, 128, True, False), (4, 16): (64, 128, True, False), (8, 16): (64, 128, True, False),
            (4, 40): (64, 128, True, False), (8, 40): (64, 128, True, False)}

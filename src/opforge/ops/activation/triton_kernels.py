@@ -14,7 +14,6 @@ SiLU is ``x / (1 + exp(-x))``. One exponential each.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import triton
@@ -23,11 +22,9 @@ import triton.language as tl
 from ...runtime import alloc
 from ...runtime.triton import pdl
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
+from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec
+from .config import block_config
 from .problem import GATED, PLANS, ActivationCall, ActivationProblem
-
-BLOCK = {2: 4096, 4: 2048}     # per element size: elements per program (8 KiB)
-MIN_BLOCK = 16
 
 GELU, GELU_TANH, SILU, RELU = 0, 1, 2, 3
 
@@ -91,13 +88,6 @@ def _pointwise_kernel(x_ptr, u_ptr, y_ptr, n, blocks, x_inner, x_so, x_si, u_inn
 
 
 _pointwise = TritonLauncher(_pointwise_kernel)
-
-
-@functools.lru_cache(maxsize=None)
-def block_config(n: int, elem_size: int) -> tuple[int, int]:
-    """(BLOCK, num_warps) for rows of ``n`` elements (``n`` = numel for a flat tensor)."""
-    block = max(MIN_BLOCK, min(BLOCK[elem_size], next_power_of_2(n)))
-    return block, max(1, min(8, block // 512))
 
 
 def _act_code(op: str, approximate: Optional[str]) -> int:

@@ -35,18 +35,11 @@ from ...runtime import alloc
 from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
+from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec
+from .config import MAX_SPLITS, decode_config, decode_splits_by_length, head_block, prefill_config
 from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
 
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 128             # decode: at most this many slices of one sequence
-MAX_ROW_BLOCK = 64           # decode: query rows (group * Sq) per program
-# decode: slices sized by the tokens in the cache (read on the device) rather than by its
-# capacity, about one program per SM. H100 (at f515a1a, batch 1, CUDA graphs, L2-cold caches,
-# benchmarks/tools/gpu_decode_breakdown.py --part attn): 1B 512 tokens in a 4096 cache 7.0 -> 5.3 us,
-# in a 1024 cache 6.7 -> 5.8; 8B 512 in 4096 8.4 -> 6.3; full 4096 caches 9.0 -> 9.2 and 12.3 ->
-# 12.4 (1B, 8B).
-DECODE_BY_LENGTH_PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -257,59 +250,6 @@ def sm_count(device_index: Optional[int]) -> int:
 
 def _sms(t: torch.Tensor) -> int:
     return sm_count(t.device.index if t.device.type == "cuda" else None)
-
-
-def head_block(d: int) -> int:
-    """The D block: a power of two >= max(D, 16) (``tl.dot`` needs 16)."""
-    return max(16, next_power_of_2(d))
-
-
-@functools.lru_cache(maxsize=None)
-def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the prefill kernel (H100 defaults; the
-    tiles shrink with the head block, and for float32, whose IEEE dots run without tensor cores:
-    these are the largest tiles ptxas compiles for sm_90 without spilling, per
-    ``benchmarks/tools/attn_registers.py``)."""
-    if interpreted:
-        return 16, 16, 1, 1
-    block_d = head_block(d)
-    if itemsize == 4:
-        return (32, 32, 8, 2) if block_d <= 64 else (32, 16, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
-    if block_d <= 64:
-        return 128, 64, 4, 3
-    if block_d <= 128:   # second H100 sweep, 4x4K: 128x128 455 / 447 TFLOP/s (full / causal) vs 128x64 394 / 430
-        return 128, 128, 8, 3
-    return 64, 32, 8, 2
-
-
-@functools.lru_cache(maxsize=None)
-def decode_config(d: int, itemsize: int, rows: int, interpreted: bool = False) -> tuple[int, int, int, int]:
-    """(BLOCK_R, BLOCK_N, num_warps, num_stages) for the split kernel: BLOCK_R packs the
-    ``group * Sq`` query rows of one key/value head (at least 16 for ``tl.dot``; fewer rows per
-    program for float32 and D=256, which would spill registers otherwise)."""
-    block_d = head_block(d)
-    cap = 16 if itemsize == 4 else 32 if block_d > 128 else MAX_ROW_BLOCK
-    block_r = max(16, min(cap, next_power_of_2(rows)))
-    if interpreted:
-        return block_r, 16, 1, 1
-    if itemsize == 4:
-        return block_r, 32, 8, 2
-    if block_d > 128:
-        return block_r, 32, 4, 2
-    return block_r, 64, 4, 3
-
-
-def decode_splits_by_length(batch: int, kv_heads: int, row_blocks: int, s_max: int, sms: int, block_n: int) -> int:
-    """Slices per sequence, dividing the tokens in the cache (read on the device): enough
-    programs for ``DECODE_BY_LENGTH_PROGRAMS_PER_SM`` per SM, at most one slice per ``block_n``
-    keys of capacity. Slices past a short sequence's end stay empty (one load, one store).
-
-    Example:
-        >>> decode_splits_by_length(1, 8, 1, 4096, 132, 64), decode_splits_by_length(32, 8, 1, 4096, 132, 64)
-        (16, 1)
-    """
-    want = (DECODE_BY_LENGTH_PROGRAMS_PER_SM * sms) // (batch * kv_heads * row_blocks)
-    return max(1, min(want, MAX_SPLITS, cdiv(s_max, block_n)))
 
 
 def _dot_flags(dtype: torch.dtype) -> tuple[bool, bool]:

@@ -16,7 +16,6 @@ views run in place; outputs are packed.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import triton
@@ -25,13 +24,10 @@ import triton.language as tl
 from ...runtime import alloc
 from ...runtime.triton import pdl
 from ...runtime.errors import kernel_dtype_reason
-from ...runtime.triton.launch import I32_MAX, TritonLauncher, cdiv, next_power_of_2
+from ...runtime.triton.launch import I32_MAX, TritonLauncher, cdiv
+from .config import MULTIROW_MAX_N, ROW_MAX_N, looped_config, multirow_config, row_config
 from .problem import PLANS, NormCall, NormProblem
 
-MULTIROW_MAX_N = 1024
-TILE_BYTES = 4096                 # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
-ROW_MAX_N = {2: 32768, 4: 32768}  # per element size: widest row kept whole in registers
-LOOP_CHUNK = 32768
 # Layer norm sums x - shift. SHIFT_SAMPLE = 0: shift = the row's mean (the first chunk's, in the
 # looped variant), one more full reduction before the sums. SHIFT_SAMPLE = S > 0: the mean of the
 # row's first S values, which does not wait for the row; then, where E[(x - shift)^2] > SHIFT_FAR *
@@ -214,30 +210,6 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
 
 _tile = TritonLauncher(_tile_kernel)
 _looped = TritonLauncher(_looped_kernel)
-
-
-@functools.lru_cache(maxsize=None)
-def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows: 4 KiB of input, 4 warps (H100-tuned)."""
-    block_n = next_power_of_2(n)
-    return max(1, min(128, TILE_BYTES // itemsize // block_n)), block_n, 4
-
-
-@functools.lru_cache(maxsize=None)
-def row_config(n: int, itemsize: int, is_rms: bool) -> tuple[int, int, int]:
-    """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers (H100-tuned)."""
-    block_n = next_power_of_2(n)
-    warps = 4 if block_n <= 2048 else 8 if block_n <= 8192 else 16 if block_n <= 16384 else 32
-    if block_n == 32768 and itemsize == 4 and is_rms:
-        warps = 16  # one float32 array per thread: more programs per SM beat more threads per row
-    return 1, block_n, warps
-
-
-@functools.lru_cache(maxsize=None)
-def looped_config(n: int) -> tuple[int, int]:
-    """(CHUNK, num_warps) for the looped variant."""
-    chunk = min(LOOP_CHUNK, next_power_of_2(n))
-    return chunk, max(4, min(32, chunk // 512))
 
 
 _INF = float("inf")

@@ -1,7 +1,7 @@
 """Tile and split choices of the paged kernels: functions of host-known sizes only.
 
 None of these is measured on a GPU yet: the tiles are those of the contiguous attention kernels
-(``ops/attention/triton_kernels.py``), whose loops these kernels share except for where a key's
+(``ops/attention/config.py``), whose loops these kernels share except for where a key's
 row lives, and the split rule is that of ``decode_attention`` dividing the tokens in the cache.
 """
 from __future__ import annotations

@@ -12,14 +12,15 @@ int8: N*K + 2 bytes per row), so the % of copy shown is that of the quantized fo
 
 Suite: ``quant`` (``opforge bench --suite quant``): bf16 x at M = 1, 16, 64, 4096 and the
 weight shapes 4096x4096, 14336x4096, 4096x14336, 28672x8192, 128256x2048.
-``benchmarks/tools/gpu_check_quant.py`` adds torch's own int4/int8 kernels and the targets.
+Targets (GPU time against cuBLAS on the dense bf16 weight): int4 g128 >= 3x and >= 80% of copy at
+M = 1, >= 2x at M = 16, never slower at M = 64, >= 0.8x at M = 4096; int8 >= 1.8x at M = 1 and 16.
 
 Suite: ``decode_gemv`` (``opforge bench --suite decode_gemv``): one row of bf16 x against the
 projection shapes of the Llama-3.2-1B and Llama-3-8B decoders, for int4 g128, int8 per-channel
 and a dense bf16 weight (``linear_dense``: ``opforge.linear`` with a dense weight, which on CUDA
 runs opforge's dense GEMV at M = 1, against cuBLAS ``F.linear``). It repeats in the harness what
-``benchmarks/tools/gpu_decode_breakdown.py`` sweeps in CUDA graphs; its calls are eager, so the small
-shapes are host-bound (first GPU run: at fed7445, ``benchmarks/results/h100/2026-11-23-fed7445/run6``).
+``opforge bench --suite model`` measures inside the whole decode step in CUDA graphs; its calls are eager, so
+the small shapes are host-bound (first GPU run: at fed7445, ``benchmarks/results/h100/2026-11-23-fed7445/run6``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from opforge.bench.impls import eager_impl
+from opforge.bench.targets import speedup_at_least
 from opforge.bench.spec import OPFORGE, TORCH, BuildContext, Inputs, OpSpec, Shape, Suite, SuiteEntry, \
     register_op, register_suite
 
@@ -110,6 +112,10 @@ QUANT_SUITE = register_suite(
                             (torch.bfloat16,))],
         impls=(OPFORGE, TORCH),
         metric="gpu_us",
+        targets=[speedup_at_least(TORCH, {("linear_int4_g128", 1): 3.0, ("linear_int4_g128", 16): 2.0,
+                                          ("linear_int4_g128", 64): 1.0, ("linear_int4_g128", 4096): 0.8,
+                                          ("linear_int8", 1): 1.8, ("linear_int8", 16): 1.8},
+                                  share_of_copy={("linear_int4_g128", 1): 80.0})],
     )
 )
 

@@ -29,7 +29,7 @@ GEMV_MAX_M = 16
 #: sm_90 (ptxas, benchmarks/tools/quant_ptx.py) and the tl.dot kernel with 16 padded rows takes over.
 GEMV_ROWS = 4
 #: Reduce K splits inside the kernel (the last split of a tile adds the partials, one launch)
-#: instead of a second combine kernel, per kernel. H100 sweep (third sweep, int4 g128; single
+#: instead of a second combine kernel, per kernel. H100 tile sweep at 980a81d (int4 g128; single
 #: launch configs): on for the int4 GEMV kernel (int8's measured slower end to end): 4096x4096 M=1
 #: 18.0 -> 13.1 us, M=4 25.6 -> 24.2; 28672x8192 M=1 90.2 -> 89.2, M=4 220.1 -> 210.9; bitwise equal to the combine
 #: kernel; off for the dot kernel (M=8/16: -5% at 4096x4096, +1-2% at 28672x8192). Its tile
@@ -40,7 +40,7 @@ SPLIT_FIXUP_DOT = False
 #: words at once, as 8 rows of 1 KB (2048 int4 / 1024 int8 codes) or, for N >= ``WIDE_K_WIDE_N``,
 #: 16 rows of 512 B, so a decode-sized weight is read in one or a few steps with every load in
 #: flight, instead of 8 KB steps of 128 codes over up to 16 K splits. H100 sweep (at b634a74,
-#: CUDA graphs over L2-cold weights, ``benchmarks/tools/gpu_decode_breakdown.py``): 1B qkv/o/gate_up/down
+#: CUDA graphs over L2-cold weights, ``results/h100/2026-11-23-b634a74/breakdown_run1.json``): 1B qkv/o/gate_up/down
 #: 4.6/4.0/12.5/9.2 us vs 6.8/6.1/13.4/10.2 with the 128x128 tiles (torch's tinygemm 4.1/3.8/12.0/8.3).
 WIDE_K_STEP_BYTES = 8192
 WIDE_K_WIDE_N = 16384
@@ -52,7 +52,7 @@ WIDE_K_PROGRAMS_PER_SM = 4
 #: 0.54-1.15x (results/h100/2026-11-23-f515a1a/results.md).
 SWAP_MAX_M = 64
 #: The swapped dot kernel always unpacks int4 codes through ``tl.join`` (JOIN, ``_load_codes``).
-#: H100 sweep (at f515a1a, second sweep): M=16 8B gate_up 73.5 -> 63.0 us, 1B lm_head 139.8 ->
+#: H100 sweep at f515a1a: M=16 8B gate_up 73.5 -> 63.0 us, 1B lm_head 139.8 ->
 #: 113.9, 1B gate_up 23.2 -> 20.7; M=64 8B o 26.4 -> 23.1; the 1B model's batch-8 int4 step
 #: 1351 -> 1264 us.
 #:
@@ -82,8 +82,8 @@ def tile_config(p: LinearProblem) -> tuple[int, int, int, bool, int, int]:
     from N alone), BLOCK_K = min(group, 64). More rows: 64- or 128-row tiles, 128 features unless
     N is small, BLOCK_K = min(group, 64).
 
-    int4 takes the H100 sweep's best (third sweep, 4096x4096 and 28672x8192, int4 g128; benchmarks/NOTES.md): M 5..16
-    128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept). One row
+    int4 takes the best of the H100 tile sweep at 980a81d (4096x4096 and 28672x8192, int4 g128;
+    benchmarks/NOTES.md): M 5..16 128 features, M 33..64 BLOCK_K up to 128. int8 keeps the default tiles (not swept). One row
     (int4 and int8) takes ``wide_k_config`` (the sweep at b634a74). Past the GEMV's rows and up to
     ``SWAP_MAX_M`` the swapped dot
     kernel's tiles: BLOCK_M the power of two >= M (16 at least), 64 features, BLOCK_K the group up

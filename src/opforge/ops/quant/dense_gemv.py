@@ -9,8 +9,9 @@ float32 partials in split order: the same ``_store`` as the quantized GEMV).
 
 ``linear`` runs it for one row of x with a dense fp16/bf16 weight on CUDA (traced as
 ``triton``/``dense_gemv``); more rows go to
-cuBLAS. Measured (H100, at b634a74, ``benchmarks/tools/gpu_decode_breakdown.py``): the 1B model's bf16
-decode step 1369 -> 1223 us (graph replay), each decode GEMV shape 1.06-1.27x cuBLAS.
+cuBLAS. Measured (H100, at b634a74, CUDA graphs over L2-cold weights,
+``benchmarks/results/h100/2026-11-23-b634a74/breakdown_run1.json``): the 1B model's bf16 decode step
+1369 -> 1223 us (graph replay), each decode GEMV shape 1.06-1.27x cuBLAS.
 """
 from __future__ import annotations
 

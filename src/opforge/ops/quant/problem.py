@@ -16,8 +16,8 @@ OPS = ("linear",)
 DECODE_MAX_M = 16
 #: From this many rows on, the weight is dequantized to x's dtype and cuBLAS multiplies (the
 #: ``dequant_gemm`` variant): the dequantization costs one pass over N*K, small next to an
-#: M*N*K GEMM this large. None turns it off. H100 sweep (third sweep, int4 g128,
-#: benchmarks/tools/gpu_check_quant.py --sweep): at M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM
+#: M*N*K GEMM this large. None turns it off. H100 tile sweep at 980a81d (int4 g128,
+#: benchmarks/results/h100/2026-11-23-980a81d/quant_sweep.json): at M=256 dequant+cuBLAS 42.9 us vs the Triton GEMM
 #: 112.9 (4096x4096), 439.6 vs 802.1 (28672x8192); M=64 stays on the Triton GEMM. End to end
 #: (at 629522a): M=256 int4 1.41-3.09x, int8 1.04-1.27x the Triton GEMM (1024 rows before).
 DEQUANT_GEMM_MIN_M: "Optional[int]" = 256

@@ -35,18 +35,10 @@ import triton.language as tl
 from ...runtime import alloc
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_of_2
+from .config import LOOP_CTAS_PER_SM, MULTIROW_MAX_N, ROW_MAX_N, SPLIT_CHUNK, looped_config, multirow_config, \
+    row_config, split_config
 from .problem import MAX_ROWS, PLANS, SoftmaxCall, SoftmaxProblem
 
-MULTIROW_MAX_N = 1024
-TILE_BYTES = 4096                     # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
-ROW_MAX_N = {2: 32768, 4: 32768}      # per element size: widest row kept whole in registers
-LOOP_CHUNK_BYTES = (16384, 32768)    # bytes per step of the looped walk: rows up to 64K elements, wider
-                                      # (H100 sweep, bf16: 85% at 1024x65536, 88% at 4096x131072)
-LOOP_CTAS_PER_SM = 64                 # looped grid: up to this many programs per SM, so in practice one
-                                      # program per row (the sweep beat a persistent 1-per-SM grid)
-SPLIT_CHUNK = 2048                    # elements per step of a split segment
-SPLIT_PROGRAMS_PER_SM = 4             # how many segment programs the split variant aims for
-MAX_SPLITS = 1024
 MAX_N = 2**31 - 1
 
 
@@ -233,36 +225,6 @@ def sm_count(device_index: Optional[int]) -> int:
 
 def _sms(x: torch.Tensor) -> int:
     return sm_count(x.device.index if x.device.type == "cuda" else None)
-
-
-@functools.lru_cache(maxsize=None)
-def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows: 4 KiB of input, 4 warps."""
-    block_n = next_power_of_2(n)
-    return max(1, min(128, TILE_BYTES // itemsize // block_n)), block_n, 4
-
-
-@functools.lru_cache(maxsize=None)
-def row_config(n: int) -> tuple[int, int, int]:
-    """(BLOCK_M=1, BLOCK_N, num_warps) for one row per program held in registers."""
-    block_n = next_power_of_2(n)
-    warps = 4 if block_n <= 2048 else 8 if block_n <= 8192 else 16 if block_n <= 16384 else 32
-    return 1, block_n, warps
-
-
-@functools.lru_cache(maxsize=None)
-def looped_config(elem_size: int, n: int) -> tuple[int, int]:
-    """(CHUNK, num_warps) for the looped variant: 16 KiB steps for rows up to 65536 elements,
-    32 KiB beyond; one warp per 1024 elements of a step (capped at 16 below)."""
-    return LOOP_CHUNK_BYTES[n > 65536] // elem_size, 16
-
-
-def split_config(rows: int, n: int, sms: int, chunk: int = SPLIT_CHUNK) -> tuple[int, int]:
-    """(splits, seg): segments per row and their length (a multiple of ``chunk``)."""
-    want = max(1, -(-SPLIT_PROGRAMS_PER_SM * sms // rows))
-    splits = max(1, min(want, MAX_SPLITS, cdiv(n, chunk)))
-    seg = cdiv(cdiv(n, splits), chunk) * chunk
-    return cdiv(n, seg), seg
 
 
 def _x_args(call: SoftmaxCall) -> tuple:

@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The one command for a GPU: every suite (seed, llm, latency) measured in one process,
-# results written to $OUT, a compact summary printed last.
+# Op-table suites on a GPU, measured in one process, results written to $OUT, a compact summary
+# printed last. Every suite and the command that reproduces each published number:
+# docs/performance.md, "Reproducing the numbers".
 #
-#   OUT=/tmp/bench [OPFORGE_COMMIT=<sha>] bash benchmarks/tools/run_gpu_bench.sh   (OPFORGE_COMMIT: where the tree has no .git)
+#   OUT=/tmp/bench [OPFORGE_COMMIT=<sha>] bash scripts/gpu_bench.sh   (OPFORGE_COMMIT: where the tree has no .git)
+#   OUT=/tmp/bench BENCH_SUITES=attention,quant,decode_gemv bash scripts/gpu_bench.sh
 #
-# Files written to $OUT (6, each well under 16 MiB):
+# Files written to $OUT, each well under 16 MiB:
 #   results.json  every number + device, driver, torch/triton versions, date
-#   results.md    the tables (commit as benchmarks/results/h100/README.md or similar)
-#   bandwidth-seed.png  bandwidth-llm.png  bandwidth-latency.png
+#   results.md    the tables (commit as benchmarks/results/<device>/<date>-<commit>/results.md)
+#   bandwidth-<suite>.png  one plot per suite
 #   bench.log     full tables and one progress line per case
 #
 # Budget: measuring stops starting new cases after BENCH_MAX_SECONDS (default 400 s; the
 # rest is reported as "skipped", never dropped) and the whole run is killed at 540 s, so it
-# ends inside 9 minutes whatever happens. Expected: about 4-5 minutes on an H100.
-# BENCH_SUITES picks suites (default seed,llm,latency); BENCH_ARGS adds options
-# (a smoke test without a GPU: BENCH_ARGS="--device cpu --quick --shapes 2x64").
+# ends inside 9 minutes whatever happens. seed,llm,latency (the default) take about 4-5 minutes
+# on an H100. BENCH_SUITES picks op-table suites (`opforge bench --list`; the end-to-end suites
+# model, serve, io and torch_path_decode run on their own, see docs/performance.md); BENCH_ARGS
+# adds options (a smoke test without a GPU: BENCH_ARGS="--device cpu --quick --shapes 2x64").
 # Liger-Kernel is optional: if .whl/ holds its wheel (pure Python), it is installed into
 # /tmp/site first; without it Liger is reported absent.
 set -uo pipefail
