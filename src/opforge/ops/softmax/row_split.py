@@ -42,7 +42,7 @@ ROW_SPLIT: dict[tuple[str, int, int], tuple[int, int]] = {}
 
 MIN_N = 4096         # narrower rows fit one program (``row``/``multirow``)
 MAX_SEGS = 64        # segments per row at most (the pairs are merged in one small vector)
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
