@@ -2,11 +2,11 @@
 
 One command on a GPU machine (about 2-3 minutes on an H100):
 
-    PYTHONPATH=src timeout 600 python3 benchmarks/tools/wide_row_tune.py [--out DIR] [--budget 170]
+    PYTHONPATH=src timeout 600 python3 benchmarks/tools/wide_row_tune.py [--out DIR] [--budget 150]
 
 For every op (layer_norm, rms_norm, softmax, log_softmax; ``--all-ops`` adds add_layer_norm and
-add_rms_norm), bf16 and fp16, and the `llm` shapes with N >= 16384 (``--all-shapes``: all seven),
-it runs today's default selection, torch eager and every candidate that applies:
+add_rms_norm), bf16 and fp16, and the seven `llm` shapes (wide rows first; ``--wide-only``: N >=
+16384), it runs today's default selection, torch eager and every candidate that applies:
 
 * ``row_split B/W``: one row across N/B programs of W warps, each holding B values in registers,
   partial statistics exchanged through a per-row counter (``ops/norm/row_split.py``,
@@ -62,7 +62,8 @@ def eager(op: str) -> Callable:
         if op == "log_softmax":
             return torch.log_softmax(x, -1)
         s = x + r if r is not None else x
-        y = F.layer_norm(s, (x.shape[-1],), w, b, EPS[op]) if "layer" in op else F.rms_norm(s, (x.shape[-1],), w, EPS[op])
+        n = (x.shape[-1],)
+        y = F.layer_norm(s, n, w, b, EPS[op]) if "layer" in op else F.rms_norm(s, n, w, EPS[op])
         return (y, s) if r is not None else y
     return call
 
@@ -118,7 +119,8 @@ class Cell:
             for block, warps, tickets in SPLIT_CONFIGS:
                 if n // block >= 2:
                     label = f"row_split {block}/{warps}" + ("" if tickets else " ids")
-                    out.append((label, lambda b=block, w=warps, t=tickets: softmax_split.launch_row_split(call, b, w, t),
+                    out.append((label,
+                                lambda b=block, w=warps, t=tickets: softmax_split.launch_row_split(call, b, w, t),
                                 lambda: int(softmax_split.WORKSPACE.counters(self.x.device, rows).abs().sum())))
         return out
 
@@ -177,9 +179,9 @@ def main() -> None:
     global REPS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--budget", type=float, default=170.0, help="seconds; cells not started by then are skipped")
+    ap.add_argument("--budget", type=float, default=150.0, help="seconds; cells not started by then are skipped")
     ap.add_argument("--all-ops", action="store_true", help="also add_layer_norm and add_rms_norm")
-    ap.add_argument("--all-shapes", action="store_true", help="all seven llm shapes (default: N >= 16384)")
+    ap.add_argument("--wide-only", action="store_true", help="only the llm shapes with N >= 16384")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--shapes", default="", help="rows x N list instead of the llm shapes, e.g. 4x8192,2x16384")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of this script in Triton's interpreter")
@@ -197,49 +199,54 @@ def main() -> None:
     result = {"device": name, "copy_gbs": bw, "torch": torch.__version__, "triton": triton.__version__,
               "cells": [], "skipped": []}
     path = os.path.join(args.out, "wide_row_tune.json")
-    ops = ("layer_norm", "rms_norm", "softmax", "log_softmax") + (("add_layer_norm", "add_rms_norm") if args.all_ops else ())
-    shapes = LLM if args.all_shapes else [s for s in LLM if s[1] >= 16384]
+    ops = ("layer_norm", "rms_norm", "softmax", "log_softmax")
+    if args.all_ops:
+        ops += ("add_layer_norm", "add_rms_norm")
+    shapes = LLM if not args.wide_only else [s for s in LLM if s[1] >= 16384]
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    for op in ops:
-        for dname in args.dtypes.split(","):
-            dtype = getattr(torch, dname)
-            for shape in shapes:
-                if time.time() - t0 > args.budget:
-                    result["skipped"].append([op, dname, list(shape)])
-                    continue
-                cell = Cell(op, dtype, shape, dev)
-                pct = lambda us: None if us is None else 100.0 * cell.nbytes / (us * 1e-6) / 1e9 / bw
-                with opforge.trace() as t:
-                    cell.public()
-                default = run_candidate(clock, cell, cell.public, None)
-                default["variant"] = t[0].variant if len(t) else "?"
-                torch_us = measure(clock, cell.torch_call())
-                cands = {}
-                for label, fn, counters in cell.candidates():
-                    cands[label] = run_candidate(clock, cell, fn, counters)
-                for r in [default] + list(cands.values()):
-                    r["pct"] = pct(r.get("us"))
-                row = dict(op=op, dtype=dname, rows=shape[0], n=shape[1], nbytes=cell.nbytes, default=default,
-                           torch_us=torch_us, torch_pct=pct(torch_us), candidates=cands)
-                result["cells"].append(row)
-                good = {k: v for k, v in cands.items() if v["ok"]}
-                best = max(good.items(), key=lambda kv: kv[1]["pct"]) if good else None
-                bad = [k for k, v in cands.items() if not v["ok"]]
-                line = "  ".join(f"{k} {v['pct']:.1f}" if v.get("pct") else f"{k} FAIL" for k, v in cands.items())
-                print(f"{op:14s} {dname:8s} {shape[0]:5d}x{shape[1]:<6d} default[{default['variant']}] "
-                      f"{default['pct']:.1f}%{'' if default['ok'] else ' WRONG'}  torch {pct(torch_us):.1f}%  | {line}"
-                      + (f"  | best {best[0]} {best[1]['pct']:.1f}%" if best else "")
-                      + (f"  | failed checks: {bad}" if bad else ""), flush=True)
-                for k in bad:
-                    print(f"    {k}: {cands[k]}", flush=True)
-                with open(path, "w") as f:
-                    json.dump(result, f, indent=1)
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    # the wide rows (the candidates' shapes) first, so a budget cut drops only narrow ones
+    order = sorted(((shape, op, dtype) for shape in shapes for op in ops for dtype in dtypes),
+                   key=lambda c: (c[0][1] < 16384, shapes.index(c[0]), ops.index(c[1])))
+    for shape, op, dtype in order:
+        dname = str(dtype).replace("torch.", "")
+        if time.time() - t0 > args.budget:
+            result["skipped"].append([op, dname, list(shape)])
+            continue
+        cell = Cell(op, dtype, shape, dev)
+        pct = lambda us: None if us is None else 100.0 * cell.nbytes / (us * 1e-6) / 1e9 / bw
+        with opforge.trace() as t:
+            cell.public()
+        default = run_candidate(clock, cell, cell.public, None)
+        default["variant"] = t[0].variant if len(t) else "?"
+        torch_us = measure(clock, cell.torch_call())
+        cands = {}
+        for label, fn, counters in cell.candidates():
+            cands[label] = run_candidate(clock, cell, fn, counters)
+        for r in [default] + list(cands.values()):
+            r["pct"] = pct(r.get("us"))
+        row = dict(op=op, dtype=dname, rows=shape[0], n=shape[1], nbytes=cell.nbytes, default=default,
+                   torch_us=torch_us, torch_pct=pct(torch_us), candidates=cands)
+        result["cells"].append(row)
+        good = {k: v for k, v in cands.items() if v["ok"]}
+        best = max(good.items(), key=lambda kv: kv[1]["pct"]) if good else None
+        bad = [k for k, v in cands.items() if not v["ok"]]
+        line = "  ".join(f"{k} {v['pct']:.1f}" if v.get("pct") else f"{k} FAIL" for k, v in cands.items())
+        print(f"{op:14s} {dname:8s} {shape[0]:5d}x{shape[1]:<6d} default[{default['variant']}] "
+              f"{default['pct']:.1f}%{'' if default['ok'] else ' WRONG'}  torch {pct(torch_us):.1f}%  | {line}"
+              + (f"  | best {best[0]} {best[1]['pct']:.1f}%" if best else "")
+              + (f"  | failed checks: {bad}" if bad else ""), flush=True)
+        for k in bad:
+            print(f"    {k}: {cands[k]}", flush=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
     tables(result)
     result["seconds"] = time.time() - t0
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{time.time() - t0:.0f} s; JSON: {path}" + (f"; skipped (budget): {result['skipped']}" if result["skipped"] else ""))
+    skipped = f"; skipped (budget): {result['skipped']}" if result["skipped"] else ""
+    print(f"{time.time() - t0:.0f} s; JSON: {path}{skipped}")
 
 
 def tables(result: dict) -> None:

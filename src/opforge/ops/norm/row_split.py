@@ -50,7 +50,7 @@ from .problem import NormCall, NormProblem
 ROW_SPLIT: dict[tuple[str, int, int], tuple[int, int]] = {}
 
 MIN_N = 4096         # narrower rows fit one program (``row``/``multirow``)
-MAX_SEGS = 64        # segments per row at most (the partials are combined in one small vector)
+MAX_SEGS = 64        # segments per row at most (partials are combined in a vector of 16 or 64: few compiles)
 
 
 @triton.jit
@@ -218,7 +218,8 @@ def launch_row_split(call: NormCall, block: Optional[int] = None, num_warps: Opt
     head = (xt, r.tensor, y, s if s is not None else y, w if w is not None else y, b if b is not None else y,
             parts, counters, p.rows, p.n, x.inner, x.stride_outer, x.stride_inner, r.inner, r.stride_outer,
             r.stride_inner, call.eps, units)
-    flags = (p.is_rms, p.has_residual, w is not None, b is not None, block, max(2, next_power_of_2(segs)), tickets)
+    flags = (p.is_rms, p.has_residual, w is not None, b is not None, block, 16 if segs <= 16 else MAX_SEGS,
+             tickets)
     use_pdl = pdl.on(xt.device)
     if interpreted:  # programs run one at a time: publish every partial first (see the module doc)
         _row_split((units,), head + (3 * segs - 1,) + flags + (True, use_pdl), num_warps=num_warps)

@@ -41,7 +41,7 @@ from .problem import MAX_ROWS, SoftmaxCall, SoftmaxProblem
 ROW_SPLIT: dict[tuple[str, int, int], tuple[int, int]] = {}
 
 MIN_N = 4096         # narrower rows fit one program (``row``/``multirow``)
-MAX_SEGS = 64        # segments per row at most (the pairs are merged in one small vector)
+MAX_SEGS = 64        # segments per row at most (pairs are merged in a vector of 16 or 64: few compiles)
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -192,7 +192,7 @@ def launch_row_split(call: SoftmaxCall, block: Optional[int] = None, num_warps: 
     counters = WORKSPACE.counters(x.device, p.rows)
     interpreted = triton_interpreting() or x.device.type == "cpu"
     head = (x, y, parts, counters, p.n, inner, so, si, units)
-    flags = (p.is_log, block, max(2, next_power_of_2(segs)), tickets)
+    flags = (p.is_log, block, 16 if segs <= 16 else MAX_SEGS, tickets)
     if interpreted:  # programs run one at a time: publish every pair first (see the module doc)
         _row_split((units,), head + (3 * segs - 1,) + flags + (True,), num_warps=num_warps)
     _row_split((units,), head + ((3 if interpreted else 2) * segs - 1,) + flags + (False,), num_warps=num_warps)
@@ -205,6 +205,8 @@ def supports_row_split(p: SoftmaxProblem) -> Optional[str]:
         return reason
     if p.n < MIN_N:
         return f"N={p.n} < {MIN_N}: one program holds the row"
+    if p.few_rows:
+        return f"{p.rows} rows: ``split`` spreads so few rows over more programs"
     if row_split_config(p.op, p.dtype.itemsize, p.n) is None:
         return f"off for {p.op} at N={p.n} ({p.dtype.itemsize}-byte elements): not measured (ROW_SPLIT)"
     return None
