@@ -16,7 +16,9 @@ add_rms_norm), bf16 and fp16, and the seven `llm` shapes (wide rows first; ``--w
 
 Each output is checked against float64 (relative error within opforge's tolerance), run again
 after timing and compared bit for bit with the first run (a lost exchange between programs would
-show there), and the row_split counters must be back at zero. Time: CUDA events around each call
+show there), and the row_split counters must be back at zero. A launch that has not finished 10 s
+after it was queued (programs waiting on each other forever) is named, the JSON written, and the
+script exits with status 3. Time: CUDA events around each call
 after a spin kernel (the bench's clock, ``opforge.bench.timing``), median of 25 calls; share of
 the copy bandwidth measured in the same run. It prints one line per (op, dtype, shape), writes
 ``wide_row_tune.json`` to ``--out`` (``$OUT`` by default) after every line, and ends with the
@@ -158,11 +160,34 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def run_candidate(clock, cell: Cell, fn, counters) -> dict:
+#: Where a hang is reported: the results so far and the JSON path (set by main).
+WATCH: dict[str, Any] = {}
+HANG_S = 10.0
+
+
+def _finish_or_stop(dev: torch.device, label: str) -> None:
+    """Wait for the work queued so far, at most HANG_S seconds; past that (programs waiting on each
+    other forever), write the JSON with the hang named and leave the process (the driver ends the kernel)."""
+    if dev.type != "cuda":
+        return
+    done = torch.cuda.Event()
+    done.record()
+    start = time.time()
+    while not done.query():
+        if time.time() - start > HANG_S:
+            WATCH["result"]["hang"] = label
+            with open(WATCH["path"], "w") as f:
+                json.dump(WATCH["result"], f, indent=1)
+            print(f"HANG: {label} did not finish in {HANG_S:.0f} s; stopped here (JSON written)", flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+
+
+def run_candidate(clock, cell: Cell, fn, counters, label: str = "default") -> dict:
     """Check (float64, repeat, counters), then time one launch."""
     try:
         first = _shape_of(fn(), cell.shape)
-        _sync(cell.x.device)
+        _finish_or_stop(cell.x.device, f"{cell.op} {cell.dtype} {cell.shape} {label}")
         err = max_rel_error(first, cell.judge(first))
         us = measure(clock, fn)
         again = _shape_of(fn(), cell.shape)
@@ -199,6 +224,7 @@ def main() -> None:
     result = {"device": name, "copy_gbs": bw, "torch": torch.__version__, "triton": triton.__version__,
               "cells": [], "skipped": []}
     path = os.path.join(args.out, "wide_row_tune.json")
+    WATCH.update(result=result, path=path)
     ops = ("layer_norm", "rms_norm", "softmax", "log_softmax")
     if args.all_ops:
         ops += ("add_layer_norm", "add_rms_norm")
@@ -223,7 +249,7 @@ def main() -> None:
         torch_us = measure(clock, cell.torch_call())
         cands = {}
         for label, fn, counters in cell.candidates():
-            cands[label] = run_candidate(clock, cell, fn, counters)
+            cands[label] = run_candidate(clock, cell, fn, counters, label)
         for r in [default] + list(cands.values()):
             r["pct"] = pct(r.get("us"))
         row = dict(op=op, dtype=dname, rows=shape[0], n=shape[1], nbytes=cell.nbytes, default=default,

@@ -84,10 +84,10 @@ def test_counters_are_back_to_zero_after_each_launch():
 
 
 def test_off_by_default_and_on_from_the_table(monkeypatch):
-    x = torch.randn(2, 4096, dtype=torch.float32, device=DEVICE)
+    x = torch.randn(row_split.MIN_ROWS, 4096, dtype=torch.float32, device=DEVICE)
     problem = prepare("rms_norm", x, None, None, None, 1e-6).problem
     assert "not measured" in row_split.supports_row_split(problem)
-    monkeypatch.setattr(row_split, "ROW_SPLIT", {("rms_norm", 4, 4096): (1024, 4)})
+    monkeypatch.setattr(row_split, "ROW_SPLIT", {("rms_norm", 4, 4096): (2048, 4)})
     row_split.row_split_config.cache_clear()
     registry.clear_cache()
     try:
@@ -96,6 +96,8 @@ def test_off_by_default_and_on_from_the_table(monkeypatch):
         assert t[0].variant == "row_split"
         ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
         assert max_rel_error(y, ref) <= TOLERANCE[torch.float32]
+        few = prepare("rms_norm", x[:2], None, None, None, 1e-6).problem  # few rows: the launch plans' variants
+        assert "rows <" in row_split.supports_row_split(few)
     finally:
         monkeypatch.undo()
         row_split.row_split_config.cache_clear()

@@ -50,6 +50,7 @@ from .problem import NormCall, NormProblem
 ROW_SPLIT: dict[tuple[str, int, int], tuple[int, int]] = {}
 
 MIN_N = 4096         # narrower rows fit one program (``row``/``multirow``)
+MIN_ROWS = 64        # fewer rows: host time decides, and the other variants leave launch plans (this one not yet)
 MAX_SEGS = 64        # segments per row at most (partials are combined in a vector of 16 or 64: few compiles)
 
 
@@ -234,6 +235,8 @@ def supports_row_split(p: NormProblem) -> Optional[str]:
         return reason
     if p.n < MIN_N:
         return f"N={p.n} < {MIN_N}: one program holds the row"
+    if p.rows < MIN_ROWS:
+        return f"{p.rows} rows < {MIN_ROWS}: the launch's host time decides (no launch plan here yet)"
     if row_split_config(p.op, p.dtype.itemsize, p.n) is None:
         return f"off for {p.op} at N={p.n} ({p.dtype.itemsize}-byte elements): not measured (ROW_SPLIT)"
     return None
