@@ -4,6 +4,10 @@ One command on a GPU machine (about 2-3 minutes on an H100):
 
     PYTHONPATH=src timeout 600 python3 benchmarks/tools/wide_row_tune.py [--out DIR] [--budget 150]
 
+Without a GPU, ``--registers`` prints each row_split configuration's registers, spills and
+programs per SM (ptxas -v for sm_90), and ``--device cpu --shapes 2x8192 --reps 2`` (with
+TRITON_INTERPRET=1) runs the whole script in Triton's interpreter as a smoke test.
+
 For every op (layer_norm, rms_norm, softmax, log_softmax; ``--all-ops`` adds add_layer_norm and
 add_rms_norm), bf16 and fp16, and the seven `llm` shapes (wide rows first; ``--wide-only``: N >=
 16384), it runs today's default selection, torch eager and every candidate that applies:
@@ -211,7 +215,11 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="rows x N list instead of the llm shapes, e.g. 4x8192,2x16384")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of this script in Triton's interpreter")
     ap.add_argument("--reps", type=int, default=REPS)
+    ap.add_argument("--registers", action="store_true", help="only print the candidates' registers (no GPU needed)")
     args = ap.parse_args()
+    if args.registers:
+        registers()
+        return
     REPS = args.reps
     t0 = time.time()
     dev = torch.device(args.device)
@@ -273,6 +281,51 @@ def main() -> None:
         json.dump(result, f, indent=1)
     skipped = f"; skipped (budget): {result['skipped']}" if result["skipped"] else ""
     print(f"{time.time() - t0:.0f} s; JSON: {path}{skipped}")
+
+
+def registers() -> None:
+    """Registers and spills per thread of each row_split configuration (bf16, sm_90, ptxas -v): no GPU
+    needed. Programs per SM = min(64 warps / W, 65536 / (32 W * registers rounded up to 8))."""
+    import re
+    import sys
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ptxas_tool import ptxas_verbose
+
+    def report(kernel, sig: dict, consts: dict, aligned: tuple, warps: int) -> str:
+        sig = dict(sig, **{k: "constexpr" for k in consts})
+        attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+        ptx = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                             options={"num_warps": warps}).asm["ptx"]
+        text = ptxas_verbose(ptx)
+        used = re.search(r"Used (\d+) registers", text)
+        spill = re.search(r"(\d+) bytes spill stores", text)
+        regs = int(used.group(1)) if used else 0
+        per_sm = min(64 // warps, 65536 // (32 * warps * (-(-regs // 8) * 8))) if regs else 0
+        return f"{regs} registers, {spill.group(1) if spill else '?'} B spilled, {per_sm} programs per SM"
+
+    norm_ptrs = ("x_ptr", "r_ptr", "y_ptr", "s_ptr", "w_ptr", "b_ptr")
+    norm_sig = {a: "*bf16" for a in norm_ptrs}
+    norm_sig.update(part_ptr="*fp32", cnt_ptr="*i32", eps="fp32")
+    norm_sig.update({a: "i32" for a in ("rows", "n", "x_inner", "x_so", "x_si", "r_inner", "r_so", "r_si", "units",
+                                        "reset_at")})
+    soft_sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32"}
+    soft_sig.update({a: "i32" for a in ("n", "x_inner", "x_so", "x_si", "units", "reset_at")})
+    for block, warps, _ in SPLIT_CONFIGS[:4]:
+        for op in ("layer_norm", "rms_norm", "add_layer_norm"):
+            consts = dict(IS_RMS="rms" in op, HAS_RES=op.startswith("add_"), HAS_W=True, HAS_B="layer" in op,
+                          BLOCK=block, SEGS_P2=16, TICKETS=True, PUBLISH_ONLY=False, PDL=True)
+            info = report(norm_split._row_split_kernel, norm_sig, consts,
+                          norm_ptrs + ("part_ptr", "cnt_ptr", "n", "x_so", "x_si", "r_so", "r_si"), warps)
+            print(f"row_split {block}/{warps} {op:15s} {info}", flush=True)
+        for op in ("softmax", "log_softmax"):
+            consts = dict(LOG=op == "log_softmax", BLOCK=block, SEGS_P2=16, TICKETS=True, PUBLISH_ONLY=False)
+            info = report(softmax_split._row_split_kernel, soft_sig, consts,
+                          ("x_ptr", "y_ptr", "part_ptr", "cnt_ptr", "n", "x_so"), warps)
+            print(f"row_split {block}/{warps} {op:15s} {info}", flush=True)
 
 
 def tables(result: dict) -> None:
