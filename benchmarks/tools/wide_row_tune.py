@@ -155,7 +155,7 @@ def _shape_of(out: Any, shape: tuple) -> Any:
 def measure(clock: Any, fn: Callable[[], Any]) -> float:
     """Median microseconds per call (events around each call, after a spin kernel)."""
     fn()
-    times = sorted(clock.device_times(lambda: fn(), [()], REPS, host_us=60.0))
+    times = sorted(clock.device_times(lambda: fn(), [()], REPS, host_us=100.0))
     return times[len(times) // 2]
 
 
