@@ -27,7 +27,7 @@ its row complete and counts one more round before resetting.
 
 Off by default: ``ROW_SPLIT`` (op, element size, N rounded up to a power of two) ->
 (BLOCK, num_warps) lists where it is selected; empty until measured on a GPU
-(``benchmarks/tools/norm_tune.py`` prints the entries that win).
+(``benchmarks/tools/wide_row_tune.py`` prints the entries that win).
 """
 from __future__ import annotations
 
