@@ -63,6 +63,7 @@ def main() -> None:
                    "request one token per step of this many ms (sleeping, as while a GPU computes)")
     p.add_argument("--profile", action="store_true", help="cProfile both server threads (slower)")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--sort", default="tottime", help="pstats order of the profiles (tottime, cumulative, ...)")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--vocab", type=int, default=64, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -145,8 +146,8 @@ def main() -> None:
     engine.shutdown()
     for name, prof in profiles.items():
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.top)
-        print(f"==== {name} thread, by own time\n{buf.getvalue()}")
+        pstats.Stats(prof, stream=buf).sort_stats(args.sort).print_stats(args.top)
+        print(f"==== {name} thread, by {args.sort}\n{buf.getvalue()}")
 
 
 class PacedEngine:
