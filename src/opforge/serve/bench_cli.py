@@ -114,8 +114,9 @@ async def _offline(model_dir: str, args: argparse.Namespace, warm: list[LoadRequ
     set to each ``--concurrency`` (``offline-batch`` with that concurrency: what the engine gives
     with that many requests in flight, none of them waiting on a client)."""
     from .cli import load_for_serving
-    model, tokenizer = load_for_serving(model_dir, device=args.device, dtype=getattr(torch, args.dtype) if args.dtype
-                                        else None, quantize=args.quantize, max_model_len=args.max_model_len)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model, tokenizer = load_for_serving(model_dir, device=args.device, dtype=dtype, quantize=args.quantize,
+                                        max_model_len=args.max_model_len)
     max_num_seqs = args.max_num_seqs or 256
     rows: list[dict[str, Any]] = []
 
