@@ -50,17 +50,24 @@ def test_bench_serve_end_to_end_on_cpu(tmp_path, capsys):
     out = tmp_path / "serve.json"
     status = main(["bench-serve", "--random", "tiny", "--device", "cpu", "--num-requests", "6", "--warmup", "1",
                    "--prompt-len", "4:12", "--output-len", "2:6", "--concurrency", "3", "--offline",
-                   "--max-model-len", "32", "--kv-blocks", "32", "--json", str(out)])
+                   "--max-model-len", "32", "--kv-blocks", "32", "--max-prefill-tokens-while-decoding", "4",
+                   "--json", str(out)])
     assert status == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["mode"] for r in rows] == ["offline-batch", "offline", "online"]
+    # all at once (256 in flight at most), 3 clients in process, all at once with 3 in flight, 3 clients over HTTP
+    assert [(r["mode"], r["concurrency"], r.get("max_num_seqs")) for r in rows] == \
+        [("offline-batch", None, 256), ("offline", 3, None), ("offline-batch", 3, 3), ("online", 3, None)]
     work = ragged_workload(6, (4, 12), (2, 6), 64, 0)
     for r in rows:
         assert r["failed"] == 0 and r["output_tokens"] == sum(w.max_tokens for w in work)
         assert r["ttft_ms"]["p50"] > 0 and r["e2e_ms"]["p99"] >= r["e2e_ms"]["p50"]
-    assert rows[2]["fraction_of_offline_output_tokens_per_s"] > 0
-    assert rows[2]["fraction_of_offline_batch_output_tokens_per_s"] > 0
-    assert "online/offline" in capsys.readouterr().out
+    online = rows[3]
+    for key, ref in (("fraction_of_offline_output_tokens_per_s", rows[1]),
+                     ("fraction_of_offline_batch_output_tokens_per_s", rows[0]),
+                     ("fraction_of_offline_batch_same_in_flight_output_tokens_per_s", rows[2])):
+        assert online[key] == online["output_tokens_per_s"] / ref["output_tokens_per_s"]
+    printed = capsys.readouterr().out
+    assert "online/offline" in printed and "of the offline batch's with max_num_seqs=3" in printed
 
 
 def test_bench_serve_bad_arguments():

@@ -93,7 +93,8 @@ def test_sigterm_aborts_what_outlives_the_drain_timeout(directory):
 
 def test_bad_arguments_exit_2(directory, capsys):
     for argv in (["serve", "/no/such/dir"], ["serve", directory, "--max-num-seqs", "0"],
-                 ["serve", directory, "--kv-memory-fraction", "1.5"], ["serve", directory, "--quantize", "int3"]):
+                 ["serve", directory, "--kv-memory-fraction", "1.5"], ["serve", directory, "--quantize", "int3"],
+                 ["serve", directory, "--max-prefill-tokens-while-decoding", "0"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2

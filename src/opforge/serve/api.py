@@ -26,6 +26,7 @@ from .errors import APIError, BodyLimit, install_error_handlers, parse_json, val
 from .metrics import ServerMetrics
 from .openai_schemas import (AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion,
                              CompletionChoice, CompletionRequest, ModelCard, ModelList, StreamChunks, Usage)
+from .stream import merge_outputs
 
 
 @dataclass
@@ -279,8 +280,8 @@ class OpenAIServer:
 
         watcher = asyncio.create_task(abort_on_disconnect())
         try:
-            async for out in stream:
-                progress.add(out)
+            async for outs in stream.updates():
+                progress.add(merge_outputs(outs))
         finally:
             watcher.cancel()
             self._close(p, progress)
@@ -298,7 +299,8 @@ class OpenAIServer:
         chunks = StreamChunks(p.kind, p.request_id, int(time.time()), self.config.model_name)
         if p.kind == "chat":
             yield chunks.role()
-        async for out in stream:
+        async for outs in stream.updates():         # a client that fell behind gets one event for them all
+            out = merge_outputs(outs)
             progress.add(out)
             reason = progress.finish_reason
             if out.new_text or out.new_token_ids or reason is not None:

@@ -5,7 +5,9 @@ port, sends a ragged workload (fixed seed) at each ``--rate`` and ``--concurrenc
 TTFT, TPOT, ITL and end-to-end latency (mean, p50, p90, p99) with request and token
 throughput. ``--offline`` first runs the same requests at the same settings straight through an
 in-process ``Engine``, plus the whole workload submitted at once with no consumer (the offline
-``LLM``'s way: the engine's own throughput); each online row is also given as a fraction of both.
+``LLM``'s way: the engine's own throughput), and once more with ``max_num_seqs`` set to each
+``--concurrency`` (as many requests in flight as that many closed-loop clients can have); each
+online row is also given as a fraction of all three.
 Given ``--url``, it loads a server that is already running.
 """
 from __future__ import annotations
@@ -69,7 +71,7 @@ def _random_checkpoint(shape: str, dtype: Optional[str]) -> str:
 def _server_args(args: argparse.Namespace) -> list[str]:
     out = []
     for name in ("device", "dtype", "quantize", "max_num_seqs", "max_model_len", "kv_memory_fraction", "kv_blocks",
-                 "max_num_batched_tokens"):
+                 "max_num_batched_tokens", "max_prefill_tokens_while_decoding"):
         value = getattr(args, name)
         if value is not None:
             out += [f"--{name.replace('_', '-')}", str(value)]
@@ -107,35 +109,65 @@ def _label(rate: float, concurrency: Optional[int]) -> str:
 
 async def _offline(model_dir: str, args: argparse.Namespace, warm: list[LoadRequest],
                    work: list[LoadRequest]) -> list[dict[str, Any]]:
-    from .cli import build_engine
+    """The in-process engine's rows: the whole workload at once (``offline-batch``), each setting
+    with an asyncio consumer (``offline``), and the whole workload at once with ``max_num_seqs``
+    set to each ``--concurrency`` (``offline-batch`` with that concurrency: what the engine gives
+    with that many requests in flight, none of them waiting on a client)."""
+    from .cli import load_for_serving
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    engine = build_engine(model_dir, device=args.device, dtype=dtype, quantize=args.quantize,
-                          max_num_seqs=args.max_num_seqs or 256, max_model_len=args.max_model_len,
-                          kv_memory_fraction=args.kv_memory_fraction or 0.9, kv_blocks=args.kv_blocks,
-                          max_num_batched_tokens=args.max_num_batched_tokens, overlap=not args.no_overlap,
-                          enable_prefix_caching=not args.no_prefix_caching)
-    engine.warm_up()
-    engine.start()
-    try:
-        send = engine_sender(engine)
-        await run_load(warm, send)
+    model, tokenizer = load_for_serving(model_dir, device=args.device, dtype=dtype, quantize=args.quantize,
+                                        max_model_len=args.max_model_len)
+    max_num_seqs = args.max_num_seqs or 256
+    rows: list[dict[str, Any]] = []
+
+    async def batch_and_settings(engine: Any) -> None:
         records, seconds = engine_batch(engine, work)
-        rows = [{"mode": "offline-batch", "rate": math.inf, "concurrency": None, **summarize(records, seconds)}]
+        rows.append({"mode": "offline-batch", "rate": math.inf, "concurrency": None, "max_num_seqs": max_num_seqs,
+                     **summarize(records, seconds)})
         _print_row(rows[-1])
+        send = engine_sender(engine)
         for rate, concurrency in _settings(args):
             records, seconds = await run_load(work, send, rate, concurrency, seed=args.seed)
             rows.append({"mode": "offline", "rate": rate, "concurrency": concurrency, **summarize(records, seconds)})
             _print_row(rows[-1])
-        return rows
+
+    await _with_engine(model, tokenizer, args, max_num_seqs, warm, batch_and_settings)
+    for concurrency in sorted({c for c in args.concurrency or [] if c < max_num_seqs}):
+        async def capped(engine: Any, concurrency: int = concurrency) -> None:
+            records, seconds = engine_batch(engine, work)
+            rows.append({"mode": "offline-batch", "rate": math.inf, "concurrency": concurrency,
+                         "max_num_seqs": concurrency, **summarize(records, seconds)})
+            _print_row(rows[-1])
+        await _with_engine(model, tokenizer, args, concurrency, warm, capped)
+    del model, tokenizer        # the server loads its own copy next
+    _release_memory()
+    return rows
+
+
+async def _with_engine(model: Any, tokenizer: Any, args: argparse.Namespace, max_num_seqs: int,
+                       warm: list[LoadRequest], run: Any) -> None:
+    """Start an engine on ``model`` with the bench's settings and ``max_num_seqs``, warm it, await
+    ``run(engine)``, and give its KV cache and graphs back before returning."""
+    from . import Engine
+    engine = Engine(model, max_num_seqs=max_num_seqs, kv_memory_fraction=args.kv_memory_fraction or 0.9,
+                    kv_blocks=args.kv_blocks, tokenizer=tokenizer, max_num_batched_tokens=args.max_num_batched_tokens,
+                    max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
+                    overlap=not args.no_overlap, enable_prefix_caching=not args.no_prefix_caching)
+    engine.warm_up()
+    engine.start()
+    try:
+        await run_load(warm, engine_sender(engine))
+        await run(engine)
     finally:
         engine.shutdown()
-        # free the KV pool and graphs before the server loads the model: the sender's closure and
-        # the step loop's thread both refer to the engine, so only a collection frees it
-        send = None
-        del engine, send
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        del engine
+        _release_memory()
+
+
+def _release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 async def _online(url: str, model: str, args: argparse.Namespace, warm: list[LoadRequest],
@@ -192,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the settings, the environment and every row as JSON")
     for name, kind in (("device", str), ("dtype", str), ("quantize", str), ("max-num-seqs", int),
                        ("max-model-len", int), ("kv-memory-fraction", float), ("kv-blocks", int),
-                       ("max-num-batched-tokens", int)):
+                       ("max-num-batched-tokens", int), ("max-prefill-tokens-while-decoding", int)):
         p.add_argument(f"--{name}", type=kind, help="passed to opforge serve (and to the offline engine)")
     for name in ("no-overlap", "no-prefix-caching"):
         p.add_argument(f"--{name}", action="store_true", help="passed to opforge serve (and to the offline engine)")
@@ -230,6 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows: list[dict[str, Any]] = []
     if args.offline:
         rows += asyncio.run(_offline(model_dir, args, warm, work))
+        _release_memory()                      # the model, before the server loads its own
     proc = None
     try:
         if args.url:
@@ -243,18 +276,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
     offline = {(r["rate"], r["concurrency"]): r for r in rows if r["mode"] == "offline"}
-    batch = next((r for r in rows if r["mode"] == "offline-batch"), None)
+    batches = {r["concurrency"]: r for r in rows if r["mode"] == "offline-batch"}
+    batch = batches.get(None)
     for row in online:
         twin = offline.get((row["rate"], row["concurrency"]))
+        capped = batches.get(row["concurrency"]) if row["concurrency"] is not None else None
+        if capped is None and row["concurrency"] is not None and batch and batch["max_num_seqs"] <= row["concurrency"]:
+            capped = batch                     # the engine's own cap already holds as few in flight
         for key, ref in (("fraction_of_offline_output_tokens_per_s", twin),
-                         ("fraction_of_offline_batch_output_tokens_per_s", batch)):
+                         ("fraction_of_offline_batch_output_tokens_per_s", batch),
+                         ("fraction_of_offline_batch_same_in_flight_output_tokens_per_s", capped)):
             if ref and ref["output_tokens_per_s"]:
                 row[key] = row["output_tokens_per_s"] / ref["output_tokens_per_s"]
         if batch:
+            same = row.get("fraction_of_offline_batch_same_in_flight_output_tokens_per_s")
             print(f"online/offline {_label(row['rate'], row['concurrency'])}: "
                   f"{row.get('fraction_of_offline_output_tokens_per_s', math.nan):.1%} of the engine's output "
                   f"tokens/s at the same setting, {row.get('fraction_of_offline_batch_output_tokens_per_s', math.nan):.1%}"
-                  " of the offline batch's")
+                  " of the offline batch's"
+                  + ("" if same is None else f", {same:.1%} of the offline batch's with max_num_seqs="
+                                             f"{min(row['concurrency'], batch['max_num_seqs'])}"))
     rows += online
     if args.json:
         from ..bench.envinfo import collect

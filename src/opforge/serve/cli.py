@@ -18,26 +18,21 @@ import torch
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optional[torch.dtype] = None,
-                 quantize: Optional[str] = None, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
-                 kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None, block_size: int = 16,
-                 **engine_kwargs: Any) -> Any:
-    """Load a checkpoint directory and wrap it in an ``Engine`` (not yet started).
-
-    ``model_dir``: a checkpoint directory (or a file ``opforge.models.load`` reads, such as GGUF).
-    ``max_model_len`` defaults to the checkpoint's context, capped at 8192 tokens (4096 for a
-    file). ``engine_kwargs`` go to ``Engine`` (``overlap``, ``enable_prefix_caching``, ...). The tokenizer
-    is the model's, else the directory's ``tokenizer.json`` (None without one: token-id prompts only).
+def load_for_serving(model_dir: str, *, device: Optional[str] = None, dtype: Optional[torch.dtype] = None,
+                     quantize: Optional[str] = None, max_model_len: Optional[int] = None) -> tuple[Any, Any]:
+    """Load a checkpoint directory (or a file ``opforge.models.load`` reads, such as GGUF) for an
+    ``Engine``: the model, its ``max_seq_len`` = ``max_model_len`` (default: the checkpoint's
+    context, capped at 8192 tokens; 4096 for a file), and its tokenizer (the model's, else the
+    directory's ``tokenizer.json``; None without one: token-id prompts only).
 
     Example:
         >>> import torch
         >>> from opforge.models.testing import write_tiny_checkpoint
-        >>> engine = build_engine(write_tiny_checkpoint(), device="cpu", dtype=torch.float32, max_model_len=64, kv_blocks=16)
-        >>> engine.max_model_len
-        64
+        >>> model, tokenizer = load_for_serving(write_tiny_checkpoint(), device="cpu", dtype=torch.float32)
+        >>> model.max_seq_len, tokenizer is None
+        (256, True)
     """
     from ..models import load
-    from . import Engine
     from .tokenizer import load_tokenizer
     if max_model_len is None:
         max_model_len = 4096
@@ -46,9 +41,28 @@ def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optiona
             with open(os.path.join(model_dir, "config.json")) as f:
                 max_model_len = min(int(json.load(f).get("max_position_embeddings") or 8192), 8192)
     model = load(model_dir, device=device, dtype=dtype, quantize=quantize, max_seq_len=max_model_len, max_batch=1)
-    tokenizer = getattr(model, "tokenizer", None) or load_tokenizer(model_dir)
-    return Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
-                  kv_memory_fraction=kv_memory_fraction, kv_blocks=kv_blocks, tokenizer=tokenizer, **engine_kwargs)
+    return model, getattr(model, "tokenizer", None) or load_tokenizer(model_dir)
+
+
+def build_engine(model_dir: str, *, device: Optional[str] = None, dtype: Optional[torch.dtype] = None,
+                 quantize: Optional[str] = None, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
+                 kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None, block_size: int = 16,
+                 **engine_kwargs: Any) -> Any:
+    """Load a checkpoint directory with ``load_for_serving`` and wrap it in an ``Engine`` (not yet
+    started). ``engine_kwargs`` go to ``Engine`` (``overlap``, ``enable_prefix_caching``, ...).
+
+    Example:
+        >>> import torch
+        >>> from opforge.models.testing import write_tiny_checkpoint
+        >>> engine = build_engine(write_tiny_checkpoint(), device="cpu", dtype=torch.float32, max_model_len=64, kv_blocks=16)
+        >>> engine.max_model_len
+        64
+    """
+    from . import Engine
+    model, tokenizer = load_for_serving(model_dir, device=device, dtype=dtype, quantize=quantize,
+                                        max_model_len=max_model_len)
+    return Engine(model, max_num_seqs=max_num_seqs, block_size=block_size, kv_memory_fraction=kv_memory_fraction,
+                  kv_blocks=kv_blocks, tokenizer=tokenizer, **engine_kwargs)
 
 
 def kernel_backends(engine: Any) -> str:
@@ -117,6 +131,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--kv-blocks", type=int, help="an explicit KV block count instead of --kv-memory-fraction")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens per engine step at most (decode + prefill)")
+    p.add_argument("--max-prefill-tokens-while-decoding", type=int,
+                   help="prompt tokens at most in a step that also decodes (default: no bound beyond "
+                        "--max-num-batched-tokens; not yet measured on a GPU)")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share equal prompt prefixes' blocks")
     p.add_argument("--no-overlap", action="store_true",
                    help="read each greedy decode step's tokens before launching the next (default: the next step "
@@ -130,7 +147,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="seconds running requests get to finish after SIGTERM (default 30)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     args = p.parse_args(argv)
-    for name in ("max_num_seqs", "max_model_len", "kv_blocks", "block_size", "max_body_bytes", "max_num_batched_tokens"):
+    for name in ("max_num_seqs", "max_model_len", "kv_blocks", "block_size", "max_body_bytes", "max_num_batched_tokens",
+                 "max_prefill_tokens_while_decoding"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -152,6 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           kv_memory_fraction=args.kv_memory_fraction, kv_blocks=args.kv_blocks,
                           block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
                           enable_prefix_caching=not args.no_prefix_caching, overlap=not args.no_overlap)
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model_dir))
     if os.path.isfile(args.model_dir) and not args.served_model_name:

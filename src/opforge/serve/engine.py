@@ -100,6 +100,9 @@ class Engine:
         max_num_batched_tokens: tokens per step at most (decode tokens + prefill chunks); default
             ``max(8192, max_num_seqs)``: a step with prefill costs the host about the same
             whatever its tokens, so larger chunks keep the device busy (see docs/serving.md).
+        max_prefill_tokens_while_decoding: prompt tokens at most in a step that also decodes
+            (None: the step's budget); bounds how long a new prompt holds up running sequences'
+            next tokens. Not yet measured on a GPU.
         cuda_graphs: on CUDA, replay decode-only steps, and steps with prefill of up to 2048
             tokens, from CUDA graphs (``graphs``, ``mixed_graphs``).
         overlap: launch a greedy decode step's successor before reading its tokens (see
@@ -112,6 +115,7 @@ class Engine:
     def __init__(self, model: Any, *, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
                  block_size: int = 16, kv_memory_fraction: float = 0.9, kv_blocks: Optional[int] = None,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: Optional[int] = None,
+                 max_prefill_tokens_while_decoding: Optional[int] = None,
                  cuda_graphs: bool = True, overlap: bool = True, tokenizer: Any = _FROM_MODEL):
         _positive_int("max_num_seqs", max_num_seqs)
         _positive_int("block_size", block_size)
@@ -122,6 +126,8 @@ class Engine:
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192, max_num_seqs)
         _positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        if max_prefill_tokens_while_decoding is not None:
+            _positive_int("max_prefill_tokens_while_decoding", max_prefill_tokens_while_decoding)
         if isinstance(kv_memory_fraction, bool) or not isinstance(kv_memory_fraction, (int, float)) \
                 or not 0 < kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {kv_memory_fraction!r}")
@@ -136,7 +142,7 @@ class Engine:
         self.eos_token_ids = frozenset(model.config.eos_token_ids)
         self.cache = BlockManager(kv_blocks + 1, block_size, enable_prefix_caching)    # + the scratch block
         self.pages = model.paged_cache(kv_blocks + 1, block_size)
-        self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens, max_prefill_tokens_while_decoding)
         self.max_blocks_per_seq = self.cache.blocks_for(max_model_len)
         self._graphs = DecodeGraphs(model, self.pages, max_num_seqs, self.max_blocks_per_seq) \
             if cuda_graphs and self.device.type == "cuda" else None

@@ -9,6 +9,10 @@ one that a prefilling sequence computes now or later (the same tokens after the 
 (admission stops there): once that block is computed it comes from the cache instead of being
 computed twice (many requests sharing a long system prompt compute it once).
 
+With ``max_prefill_tokens_while_decoding``, a step that carries decode tokens carries at most that
+many prompt tokens (chunks of running prompts and admissions together), so the decoding sequences'
+next token does not wait for a large prefill; a step without decode tokens takes the whole budget.
+
 When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it goes back to the head of the queue with its tokens so far
 (prompt + generated), recomputed when it is admitted again. Its output is unaffected.
@@ -86,9 +90,11 @@ class Chunk:
 class Scheduler:
     """Waiting and running sequences and the plan of each step (see the module's docstring)."""
 
-    def __init__(self, cache: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, cache: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_prefill_tokens_while_decoding: Optional[int] = None):
         self.cache = cache
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_prefill_tokens_while_decoding = max_prefill_tokens_while_decoding
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []              # admission order
         self.preemptions = 0
@@ -124,16 +130,25 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         plan: dict[Sequence, Chunk] = {}
         preempted = False
+        decodes = prompt = 0                      # decode rows and prompt tokens in the plan
         decoding = [s for s in self.running if s.pending == 1]
         prefilling = [s for s in self.running if s.pending > 1]
         for seq in decoding + prefilling:
             if seq.status != RUNNING or budget == 0:
                 continue
-            count = min(seq.pending, budget)
+            decode = seq.pending == 1
+            count = 1 if decode else min(seq.pending, self._prompt_room(budget, prompt, decodes))
+            if count == 0:
+                continue
             while not self.cache.grow(seq.request_id, seq.computed + count):
                 victim = self.running[-1]
                 if victim in plan:
-                    budget += plan.pop(victim).count
+                    chunk = plan.pop(victim)
+                    budget += chunk.count
+                    if victim.pending == 1:
+                        decodes -= 1
+                    else:
+                        prompt -= chunk.count
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -141,12 +156,19 @@ class Scheduler:
             if seq.status == RUNNING:
                 plan[seq] = Chunk(seq, seq.computed, count)
                 budget -= count
+                if decode:
+                    decodes += 1
+                else:
+                    prompt += count
         pending: Optional[set[bytes]] = None      # blocks that prefilling sequences will name
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+        while self.waiting and len(self.running) < self.max_num_seqs and not preempted:
+            room = self._prompt_room(budget, prompt, decodes)
+            if room == 0:
+                break
             seq = self.waiting[0]
             queries, hits = self.cache.queries, self.cache.hits
             seq.computed = self.cache.allocate(seq.request_id, seq.tokens, seq.digests)
-            count = min(seq.pending, budget)
+            count = min(seq.pending, room)
             if self.cache.enable_prefix_caching:
                 if pending is None:
                     pending = set()
@@ -171,7 +193,16 @@ class Scheduler:
             self.running.append(seq)
             plan[seq] = Chunk(seq, seq.computed, count)
             budget -= count
+            prompt += count
         return list(plan.values())
+
+    def _prompt_room(self, budget: int, prompt: int, decodes: int) -> int:
+        """Prompt tokens a step may still take: its budget, and with decode rows planned, what
+        ``max_prefill_tokens_while_decoding`` leaves after the ``prompt`` tokens already planned."""
+        bound = self.max_prefill_tokens_while_decoding
+        if bound is None or decodes == 0:
+            return budget
+        return max(0, min(budget, bound - prompt))
 
     def _digests(self, seq: Sequence) -> list[bytes]:
         """Names of ``seq``'s full blocks (all tokens but the last), each computed once."""
