@@ -46,7 +46,7 @@ from ...runtime.compile_support import compiled
 from ...runtime.errors import FLOAT_DTYPES
 from . import fakes, reference
 from .problem import OPS, LinearCall, prepare
-from .weight import QuantizedWeight, quantize_weight
+from .weight import QuantizedWeight, quantize_weight, repack
 
 
 try:   # the dense GEMV needs triton (absent on Macs)
@@ -156,4 +156,4 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
 fakes.bind(linear=linear)
 _register()
 
-__all__ = ["QuantizedWeight", "quantize_weight", "linear"]
+__all__ = ["QuantizedWeight", "quantize_weight", "linear", "repack"]

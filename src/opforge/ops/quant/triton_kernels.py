@@ -65,6 +65,8 @@ from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import problem as qproblem
 from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
+from .kernel_parts import _codes_as_float, _combine, _counters, _store
+from .planes import launch_planes, supports_planes
 from .problem import LinearCall, LinearProblem
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -99,26 +101,6 @@ def _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS: tl.constexp
         w_off = rows.to(tl.int64)[:, None] * stride_w + ks[None, :]
         codes = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (ks < K)[None, :], other=0).to(tl.int32)
     return codes
-
-
-@triton.jit
-def _codes_as_float(codes, MODE: tl.constexpr):
-    """Codes (int32, < 256) as floats without integer-to-float conversions (a quarter-rate
-    instruction on recent GPUs): OR-ing a code into the low mantissa bits of a power of two
-    gives that power plus the code, exactly.
-
-    MODE 0: float32, ``2**23 + code - 2**23`` = code. MODE 1 (codes < 128): bfloat16 ``128 + code``.
-    MODE 2 (codes < 1024): float16 ``1024 + code``. MODE 3: float32 code rounded to bfloat16
-    (exact for codes < 256). Modes 1 and 2 keep the offset: the caller adds it to the zero."""
-    if MODE == 1:
-        out = (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif MODE == 2:
-        out = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-    elif MODE == 3:
-        out = ((codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(tl.bfloat16)
-    else:
-        out = (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    return out   # one return: compiled Triton wants one return type per function
 
 
 @triton.jit
@@ -183,38 +165,6 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
         acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
-
-
-@triton.jit
-def _store(res, ms, m_mask, rows, n_mask, pid_k, tile, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
-           HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr):
-    """Write a (BLOCK_M, BLOCK_N) float32 result: with the bias added, cast, to the output; or
-    (PARTIAL) to this split's slice of the workspace. With FIXUP, the split that finishes a tile
-    last (a per-tile counter, taken with an acq_rel atomic after a barrier) adds the tile's
-    partials in split order, writes the output and resets the counter to 0 for the next call."""
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    if PARTIAL:
-        off = (pid_k * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-        tl.store(ws_ptr + off, res, mask=out_mask)
-        if FIXUP:
-            tl.debug_barrier()                                       # every thread's partial is written
-            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-            if done == n_splits - 1:
-                base = ms.to(tl.int64)[:, None] * N + rows[None, :]
-                total = tl.zeros_like(res)
-                part = ws_ptr + base
-                for _ in range(n_splits):
-                    total += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")  # L2: other SMs wrote them
-                    part += M * N
-                if HAS_BIAS:
-                    total += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-                tl.store(out_ptr + base, total.to(out_ptr.dtype.element_ty), mask=out_mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0)
-    else:
-        if HAS_BIAS:
-            res += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        off = ms.to(tl.int64)[:, None] * N + rows[None, :]
-        tl.store(out_ptr + off, res.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -372,21 +322,6 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
 
 
 @triton.jit
-def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """out = sum over splits of the float32 partials (in split order), + bias, cast."""
-    pdl.wait_for_previous(PDL)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, k_words, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
                     PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group."""
@@ -409,10 +344,6 @@ def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, k_words, stride_w, BITS:
 _qmm = TritonLauncher(_qmm_kernel)
 _dequant = TritonLauncher(_dequant_kernel)
 _gemv = TritonLauncher(_gemv_kernel)
-_combine = TritonLauncher(_combine_kernel)
-
-
-_counters = alloc.tile_counters   # per device and stream, left at zero by every launch
 
 
 def launch(call: LinearCall) -> torch.Tensor:
@@ -499,6 +430,8 @@ def _dtype_reason(p: LinearProblem):
                 "(float32 and float64 run on the torch path)")
     if p.dense:
         return "w is dense (torch's F.linear runs it)"
+    if p.planes:
+        return "the weight is in the planes layout: the planes variant reads it"
     if p.k < 16:
         return f"K={p.k} < 16 (tl.dot needs K tiles of at least 16)"
     return None
@@ -522,6 +455,9 @@ def supports_prefill(p: LinearProblem):
 
 
 VARIANTS = (
+    ("planes", supports_planes, launch_planes,
+     "int4 weights repacked into the planes layout (weight.repack): nibble i of a word tile is one "
+     "MMA K step, unpacked in the operand's registers; any M (made for 2..64); off unless repacked"),
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
      "M >= 256, also int4 M 17..64 with N*K <= 8*2**20: weight dequantized "

@@ -1,0 +1,184 @@
+"""The ``planes`` Triton variant of ``linear``: int4 weights repacked into the planes layout
+(``weight.repack``), on tensor cores, for any M (made for M = 2..64). Off unless a weight is
+repacked: nothing in opforge repacks by default (unmeasured on a GPU).
+
+Why a layout of its own. The rows-layout dot kernel (``triton_kernels._qmm_kernel``, SWAP+JOIN)
+loads a (64 features, 16 words) tile, unpacks each word's 8 consecutive codes with ``tl.join``
+into a (64, 128) tensor, and that tensor is in a blocked layout, not the MMA operand's: sm_90
+TTGIR shows it stored to shared memory (16 KB per step), a barrier, and ``ldmatrix`` back, every
+K step; the sum of x over the group (for the zero) is a second reduction and layout conversion
+per step. In the planes layout nibble ``i`` of a (64, 16) word tile is the (64, 16) block of
+columns ``16i .. 16i+15``: one K step of the MMA, so each thread unpacks exactly the words it
+loaded, and Triton loads the word tile from shared memory straight into the MMA's A-operand
+layout (no conversion; checked in the sm_90 TTGIR). The zero is taken off the code before the
+MMA, in x's 16-bit dtype, exactly (integer zeros in [0, 16): ``(2**7 + code) - (2**7 + zero)``
+is an integer of at most 5 bits), so no sum of x is needed; the scale multiplies each group's
+float32 MMA sum. As in the other kernels, no dequantized weight is rounded to 16 bits.
+
+Tiles: the weight is the MMA's first operand (out^T = W x^T), 64 features x 128 codes (one
+chunk of the layout) per step, BLOCK_M the power of two >= M (16..64; more rows take several M
+tiles), 4 warps, split K as the other dot kernels (``config.PROGRAMS_PER_SM``), partials added by
+the combine kernel. ``planes_config`` holds these choices.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...runtime import alloc
+from ...runtime.backends import triton_interpreting
+from ...runtime.triton import pdl
+from ...runtime.triton.launch import TritonLauncher, cdiv
+from .config import PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
+from .kernel_parts import _codes_as_float, _combine, _counters, _store
+from .problem import LinearCall, LinearProblem
+from .weight import PLANE_CHUNK
+
+#: (BLOCK_N, num_warps, num_stages) of the planes kernel; BLOCK_M follows M (``planes_config``).
+PLANES_BLOCK_N = 64
+PLANES_WARPS = 4
+PLANES_STAGES = 4
+PLANES_MAX_BLOCK_M = 64
+
+
+@triton.jit
+def _group_params(s_ptr, z_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """(scales, zeros) of group ``g`` (0 for one group per row) as float32 (BLOCK_N,)."""
+    if PER_ROW:
+        g = 0
+    s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+    if SYMMETRIC:
+        z = tl.full((BLOCK_N,), 8.0, tl.float32)
+    else:
+        z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+    return s, z
+
+
+@triton.jit
+def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.constexpr, F32_DOT: tl.constexpr,
+                CODE_MODE: tl.constexpr, CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """sum over planes ``first .. first+count-1`` of chunk ``q`` of (code - zero) x^T: a float32
+    (BLOCK_N, BLOCK_M) MMA sum. Nibble ``i`` of ``words`` is the A operand of columns 16i .. 16i+15."""
+    if F32_DOT:       # the interpreter (its bf16 dot is wrong): float32 codes minus the zero
+        zc = z
+    else:             # (offset + zero) in x's dtype, exact: integer zeros < 16
+        zc = (z + CODE_OFFSET).to(x_rows.dtype.element_ty)
+    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for j in tl.static_range(count):
+        xi = tl.load(x_rows + (q * 128 + 16 * (first + j)), mask=m_mask[:, None], other=0.0)
+        nib = (words >> (4 * (first + j))) & 0xF
+        if F32_DOT:
+            a = _codes_as_float(nib, 0) - zc[:, None]
+            xi = xi.to(tl.float32)
+        else:
+            a = _codes_as_float(nib, CODE_MODE) - zc[:, None]    # code - zero, exact
+        part = tl.dot(a, tl.trans(xi), part)
+    return part
+
+
+@triton.jit
+def _planes_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
+                   chunks_per_split, n_chunks, m_tiles, n_splits,
+                   GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
+                   CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
+    one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
+    columns 16i .. 16i+15 against the matching (BLOCK_M, 16) slice of x. Each group's MMA sum
+    (float32) is multiplied by its scales and added to the accumulator."""
+    pdl.wait_for_previous(PDL)
+    PPG: tl.constexpr = 8 if (PER_ROW or GROUP >= 128) else GROUP // 16     # planes per group
+    pid = tl.program_id(0)
+    pid_m = pid % m_tiles
+    pid_n = pid // m_tiles
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = ms < M
+    c16 = tl.arange(0, 16)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w + c16[None, :]
+    x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + c16[None, :]
+    q_start = pid_k * chunks_per_split
+    q_end = tl.minimum(n_chunks, q_start + chunks_per_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for q in range(q_start, q_end):
+        words = tl.load(w_rows + q * 16, mask=n_mask[:, None], other=0)
+        for h in tl.static_range(8 // PPG):                  # the groups of this chunk
+            # loaded in the loop, not a chunk ahead: a zero carried across iterations took a
+            # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
+            s, z = _group_params(s_ptr, z_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW,
+                                 SYMMETRIC, BLOCK_N)
+            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, CODE_OFFSET,
+                               BLOCK_M, BLOCK_N)
+            acc += part * s[:, None]
+    acc = tl.trans(acc)
+    _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
+
+
+_planes = TritonLauncher(_planes_kernel)
+
+
+def planes_config(p: LinearProblem) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the planes kernel: BLOCK_M the power of two
+    >= M within 16..64 (more rows run several M tiles), 64 features, 4 warps, 4 stages.
+
+    Example:
+        >>> planes_config(LinearProblem(torch.bfloat16, 5, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        (16, 64, 4, 4)
+    """
+    block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
+    return block_m, PLANES_BLOCK_N, PLANES_WARPS, PLANES_STAGES
+
+
+def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: int = PROGRAMS_PER_SM,
+                  fixup: bool = False) -> torch.Tensor:
+    """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit
+    (BLOCK_M, BLOCK_N, warps, stages); K splits aim at ``programs_per_sm``; ``fixup`` adds the
+    split partials in the kernel (the last split of a tile) instead of the combine kernel."""
+    p, w, x = call.problem, call.w, call.x
+    block_m, block_n, warps, stages = config or planes_config(p)
+    per_row = w.group_size == -1 or w.group >= p.k
+    m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
+    tiles = m_tiles * n_tiles
+    byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
+    split, k_per_split = _split(tiles, p.k, PLANE_CHUNK, x.device, programs_per_sm, min(32, byte_cap))
+    out = alloc.empty((p.m, p.n), x.dtype, x.device)
+    has_bias = call.bias is not None
+    bias = call.bias if has_bias else w.scales_t
+    zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
+    ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
+    fixup = fixup and split > 1
+    counters = _counters(x.device, tiles) if fixup else ws
+    dependent = pdl.on(x.device)
+    mode, offset = code_mode(4, x.dtype)
+    _planes((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, x.stride(0),
+                             w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
+                             w.group, per_row, w.symmetric, has_bias, split > 1, fixup, triton_interpreting(),
+                             mode, offset, block_m, block_n, dependent),
+            num_warps=warps, num_stages=stages)
+    if split > 1 and not fixup:
+        mn = p.m * p.n
+        _combine((cdiv(mn, 1024),), (ws, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
+    return out.view(call.out_shape)
+
+
+def supports_planes(p: LinearProblem) -> Optional[str]:
+    """None for a planes-layout weight (``weight.repack``) with float16/bfloat16 x, else why not.
+
+    Example:
+        >>> supports_planes(LinearProblem(torch.bfloat16, 16, 64, 256, 4, 128, False, False, "cuda"))
+        'the weight is in the rows layout (weight.repack(w, "planes") makes the planes layout)'
+    """
+    if not p.planes:
+        return f'the weight is in the {p.layout or "rows"} layout (weight.repack(w, "planes") makes the planes layout)'
+    if p.dtype not in (torch.float16, torch.bfloat16):
+        return (f"x is {str(p.dtype).replace('torch.', '')}; the planes kernel takes float16 or bfloat16 "
+                "(float32 and float64 run on the torch path)")
+    return None
