@@ -37,11 +37,16 @@ from .kernel_parts import _codes_as_float, _combine, _counters, _store
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
 
-#: (BLOCK_N, num_warps, num_stages) of the planes kernel; BLOCK_M follows M (``planes_config``).
-PLANES_BLOCK_N = 64
-PLANES_WARPS = 4
-PLANES_STAGES = 4
+#: BLOCK_M of the planes kernel is the power of two >= M within 16..``PLANES_MAX_BLOCK_M``.
 PLANES_MAX_BLOCK_M = 64
+#: (BLOCK_N, num_warps, num_stages) by BLOCK_M (``planes_config``), chosen without a GPU from the
+#: sm_90 compile (benchmarks/tools/int4_candidate.py --ptx): 16/32 rows: one warpgroup on 64
+#: features (55-72 registers, 28-44 KB shared at 4 stages); 64 rows: two warpgroups on 128
+#: features, 3 stages (128 registers, 64 KB), which halves the re-reads of x per weight byte
+#: against 64 features. (16 rows on 128 features with 8 warps sent the codes through shared
+#: memory: not used.) Every one keeps the codes' words loaded straight into the MMA's operand
+#: layout (no local_alloc in the K loop).
+PLANES_TILES = {16: (64, 4, 4), 32: (64, 4, 4), 64: (128, 8, 3)}
 
 
 @triton.jit
@@ -59,8 +64,39 @@ def _group_params(s_ptr, z_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr, SYMME
 
 
 @triton.jit
+def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: tl.constexpr):
+    """(offset + code of nibble ``i``) - (offset + zero) of each word, in x's 16-bit dtype, exact.
+
+    ASM (sm_90; not under the interpreter): two words per ``prmt``: byte i//2 of each into bytes
+    0 and 2 of one register, a shift by 4 for odd i, one ``lop3`` to mask both nibbles and OR the
+    exponent of the offset into both halves, one packed ``sub`` of the zero: 1.75 (odd i) or
+    1.25 (even i) instructions per code, where the plain ops take about 3 (each code alone to a
+    16-bit half, then packed)."""
+    if ASM:
+        # operands: $0 the two results; $1, $2 two words; $3 the two zeros; $4/$5 the prmt
+        # selector, $6/$7 the shift (constants, one per packed element)
+        sel = tl.full(words.shape, (i // 2) | ((i // 2) << 4) | ((4 + i // 2) << 8) | ((4 + i // 2) << 12),
+                      tl.int32)
+        shift = tl.full(words.shape, 4 * (i % 2), tl.int32)
+        if CODE_MODE == 1:
+            out = tl.inline_asm_elementwise(
+                "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
+                "lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.bf16x2 $0, t, $3; }",
+                "=r,r,r,r,r,r,r,r", [words, zc[:, None], sel, shift], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            out = tl.inline_asm_elementwise(
+                "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
+                "lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, t, $3; }",
+                "=r,r,r,r,r,r,r,r", [words, zc[:, None], sel, shift], dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        out = _codes_as_float((words >> (4 * i)) & 0xF, CODE_MODE) - zc[:, None]
+    return out
+
+
+@triton.jit
 def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.constexpr, F32_DOT: tl.constexpr,
-                CODE_MODE: tl.constexpr, CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                CODE_MODE: tl.constexpr, CODE_OFFSET: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     """sum over planes ``first .. first+count-1`` of chunk ``q`` of (code - zero) x^T: a float32
     (BLOCK_N, BLOCK_M) MMA sum. Nibble ``i`` of ``words`` is the A operand of columns 16i .. 16i+15."""
     if F32_DOT:       # the interpreter (its bf16 dot is wrong): float32 codes minus the zero
@@ -70,12 +106,11 @@ def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.cons
     part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for j in tl.static_range(count):
         xi = tl.load(x_rows + (q * 128 + 16 * (first + j)), mask=m_mask[:, None], other=0.0)
-        nib = (words >> (4 * (first + j))) & 0xF
         if F32_DOT:
-            a = _codes_as_float(nib, 0) - zc[:, None]
+            a = _codes_as_float((words >> (4 * (first + j))) & 0xF, 0) - zc[:, None]
             xi = xi.to(tl.float32)
         else:
-            a = _codes_as_float(nib, CODE_MODE) - zc[:, None]    # code - zero, exact
+            a = _plane_minus_zero(words, zc, first + j, CODE_MODE, ASM)
         part = tl.dot(a, tl.trans(xi), part)
     return part
 
@@ -86,7 +121,7 @@ def _planes_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, 
                    GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr,
                    PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
                    CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   ASM: tl.constexpr = False, PDL: tl.constexpr = False):
     """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
     one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
     columns 16i .. 16i+15 against the matching (BLOCK_M, 16) slice of x. Each group's MMA sum
@@ -114,7 +149,7 @@ def _planes_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, 
             # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
             s, z = _group_params(s_ptr, z_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW,
                                  SYMMETRIC, BLOCK_N)
-            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, CODE_OFFSET,
+            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, CODE_OFFSET, ASM,
                                BLOCK_M, BLOCK_N)
             acc += part * s[:, None]
     acc = tl.trans(acc)
@@ -127,21 +162,25 @@ _planes = TritonLauncher(_planes_kernel)
 
 def planes_config(p: LinearProblem) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the planes kernel: BLOCK_M the power of two
-    >= M within 16..64 (more rows run several M tiles), 64 features, 4 warps, 4 stages.
+    >= M within 16..64 (more rows run several M tiles), the rest from ``PLANES_TILES``.
 
     Example:
         >>> planes_config(LinearProblem(torch.bfloat16, 5, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
         (16, 64, 4, 4)
+        >>> planes_config(LinearProblem(torch.bfloat16, 40, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        (64, 128, 8, 3)
     """
     block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
-    return block_m, PLANES_BLOCK_N, PLANES_WARPS, PLANES_STAGES
+    return (block_m,) + PLANES_TILES[block_m]
 
 
 def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: int = PROGRAMS_PER_SM,
-                  fixup: bool = False) -> torch.Tensor:
+                  fixup: bool = False, asm: Optional[bool] = None) -> torch.Tensor:
     """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit
     (BLOCK_M, BLOCK_N, warps, stages); K splits aim at ``programs_per_sm``; ``fixup`` adds the
-    split partials in the kernel (the last split of a tile) instead of the combine kernel."""
+    split partials in the kernel (the last split of a tile) instead of the combine kernel;
+    ``asm`` unpacks two codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except
+    under the interpreter, which has no inline PTX)."""
     p, w, x = call.problem, call.w, call.x
     block_m, block_n, warps, stages = config or planes_config(p)
     per_row = w.group_size == -1 or w.group >= p.k
@@ -158,10 +197,12 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     counters = _counters(x.device, tiles) if fixup else ws
     dependent = pdl.on(x.device)
     mode, offset = code_mode(4, x.dtype)
+    interpreting = triton_interpreting()
+    asm = not interpreting if asm is None else asm and not interpreting
     _planes((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, x.stride(0),
                              w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
-                             w.group, per_row, w.symmetric, has_bias, split > 1, fixup, triton_interpreting(),
-                             mode, offset, block_m, block_n, dependent),
+                             w.group, per_row, w.symmetric, has_bias, split > 1, fixup, interpreting,
+                             mode, offset, block_m, block_n, asm, dependent),
             num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         mn = p.m * p.n

@@ -1,0 +1,147 @@
+"""The planes layout of int4 weights (``repack``) and the Triton ``planes`` variant that reads it:
+the layout round-trips, the kernel computes what the weight holds (float64 oracle), only a
+repacked weight selects it, and what does not fit is refused naming the reason."""
+import pytest
+import torch
+
+import opforge
+from opforge.ops.quant import cases, metal, planes, repack, triton_kernels as tk
+from opforge.ops.quant.problem import LinearProblem, prepare
+from opforge.ops.quant.weight import LAYOUTS, QuantizedWeight, pack_codes, pack_planes, unpack_planes
+from opforge.testing import DEVICE, TOLERANCE, rel_error
+
+
+def oracle(x, qw, bias=None):
+    return cases.oracle((x, qw, bias), {})
+
+
+def planes_weight(n, k, group_size=128, symmetric=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    qw = opforge.quantize_weight(torch.randn(n, k, generator=gen).mul_(0.05).to(DEVICE), 4, group_size, symmetric)
+    return qw, repack(qw, "planes")
+
+
+def run_planes(x, pw, bias=None):
+    with opforge.backend("triton"), opforge.trace() as t:
+        y = opforge.linear(x, pw, bias)
+    assert [(e.backend, e.variant) for e in t] == [("triton", "planes")]
+    return y
+
+
+def test_planes_words_hold_column_16i_plus_c_at_nibble_i():
+    codes = torch.randint(0, 16, (3, 384))
+    packed = pack_planes(codes)
+    for q, i, c in [(0, 0, 0), (0, 7, 15), (1, 3, 9), (2, 5, 2)]:
+        word = int(packed[1, 16 * q + c]) & 0xFFFFFFFF
+        assert (word >> (4 * i)) & 0xF == codes[1, 128 * q + 16 * i + c]
+    assert torch.equal(unpack_planes(packed), codes.int())
+
+
+@pytest.mark.parametrize("group_size, symmetric", [(128, False), (32, True), (-1, False)])
+def test_repack_keeps_the_weight_and_round_trips(group_size, symmetric):
+    qw, pw = planes_weight(16, 256, group_size, symmetric)
+    assert pw.layout == "planes" and qw.layout == "rows" and "layout=planes" in repr(pw)
+    assert not torch.equal(pw.packed, qw.packed)
+    assert torch.equal(pw.codes(), qw.codes()) and torch.equal(pw.dequantize(), qw.dequantize())
+    back = repack(pw, "rows")
+    assert back.layout == "rows" and torch.equal(back.packed, qw.packed)
+    assert repack(pw, "planes") is pw
+
+
+def test_state_dict_round_trips_the_layout_and_old_dicts_load_as_rows():
+    qw, pw = planes_weight(8, 128)
+    d = pw.state_dict()
+    assert d["layout"] == LAYOUTS.index("planes") and "layout" not in qw.state_dict()
+    d = {k: torch.tensor(v) if isinstance(v, int) else v for k, v in d.items()}   # as safetensors returns ints
+    again = QuantizedWeight.from_state_dict(d)
+    assert again.layout == "planes" and torch.equal(again.packed, pw.packed)
+    assert torch.equal(again.dequantize(), qw.dequantize())
+    old = QuantizedWeight.from_state_dict(qw.state_dict())
+    assert old.layout == "rows" and torch.equal(old.dequantize(), qw.dequantize())
+    with pytest.raises(ValueError, match="layout must be an index"):
+        QuantizedWeight.from_state_dict(dict(qw.state_dict(), layout=7))
+
+
+def test_row_operations_keep_the_layout():
+    qw, pw = planes_weight(6, 256)
+    picked = pw.select_rows(torch.tensor([4, 1]))
+    assert picked.layout == "planes" and torch.equal(picked.dequantize(), qw.dequantize()[[4, 1]])
+    both = QuantizedWeight.concat([pw, pw])
+    assert both.layout == "planes" and torch.equal(both.dequantize(), torch.cat([qw.dequantize()] * 2))
+    mixed = QuantizedWeight.concat([pw, qw])             # one layout each: rebuilt from the codes
+    assert mixed.layout == "rows" and torch.equal(mixed.dequantize(), torch.cat([qw.dequantize()] * 2))
+    assert pw.to(pw.device).layout == "planes"
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: repack(opforge.quantize_weight(torch.randn(4, 256), 8, 128), "planes"), "int4 weights with K a multiple"),
+    (lambda: repack(opforge.quantize_weight(torch.randn(4, 64), 4, 32), "planes"), "K=64"),
+    (lambda: repack(opforge.quantize_weight(torch.randn(4, 256), 4, 128), "tiles"), "layout must be one of"),
+    (lambda: repack(torch.randn(4, 256), "planes"), "must be a QuantizedWeight"),
+    (lambda: repack(QuantizedWeight.from_codes(torch.randint(0, 16, (4, 128)), torch.rand(4, 1) + 0.1,
+                                               torch.full((4, 1), 7.5), 4, 128), "planes"), "integer zeros"),
+])
+def test_repack_refuses_what_the_layout_cannot_hold(make, words):
+    with pytest.raises((ValueError, TypeError), match=words):
+        make()
+
+
+@pytest.mark.parametrize("m, group_size, symmetric, dtype", [
+    (1, 128, False, torch.float16), (2, 128, True, torch.bfloat16), (5, 32, False, torch.float16),
+    (16, 64, True, torch.float16), (16, -1, False, torch.bfloat16), (33, 128, False, torch.float16),
+    (64, 32, True, torch.bfloat16), (70, 128, False, torch.float16)])
+def test_planes_kernel_matches_the_weight_it_holds(m, group_size, symmetric, dtype):
+    """Every BLOCK_M (16, 32, 64, several M tiles), groups smaller than, equal to and larger than
+    the 128-code chunk, both zero kinds, both dtypes (the interpreter runs the MMA in float32)."""
+    qw, pw = planes_weight(96, 256, group_size, symmetric, seed=m)
+    x = torch.randn(m, 256, device=DEVICE, dtype=dtype)
+    y = run_planes(x, pw)
+    assert y.shape == (m, 96) and y.dtype == dtype
+    assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("fixup", [False, True])
+def test_split_k_bias_and_strided_rows(fixup):
+    """K split across programs (the partials added by the combine kernel or in the kernel),
+    a bias, rows of x read in place from a wider tensor."""
+    qw, pw = planes_weight(64, 1024, 128, False, seed=3)
+    big = torch.randn(3, 1100, device=DEVICE, dtype=torch.float16)
+    x = big[:, 5:5 + 1024]
+    bias = torch.randn(64, device=DEVICE, dtype=torch.float16)
+    call = prepare(x, pw, bias)
+    out = planes.launch_planes(call, programs_per_sm=4, fixup=fixup)
+    assert rel_error(out, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+    y = run_planes(x.reshape(1, 3, 1024), pw, bias)
+    assert y.shape == (1, 3, 64) and rel_error(y[0], oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+
+
+def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
+    qw, pw = planes_weight(64, 256)
+    x = torch.randn(16, 256, device=DEVICE, dtype=torch.float16)
+    with opforge.backend("triton"):
+        text = str(opforge.explain("linear", x, pw))
+        rows_text = str(opforge.explain("linear", x, qw))
+    assert "chosen: triton.planes" in text
+    problem = prepare(x, pw, None).problem
+    for supports in (tk.supports_decode, tk.supports_prefill, tk.supports_dequant_gemm):
+        assert "the weight is in the planes layout" in supports(problem)
+    assert "chosen: triton.decode" in rows_text and "not triton.planes: the weight is in the rows layout" in rows_text
+    with opforge.backend("torch"), opforge.trace() as t:      # the torch path reads either layout
+        y = opforge.linear(x, pw)
+    assert t[0].variant == "reference" and rel_error(y, oracle(x, qw)) < TOLERANCE[torch.float16]
+
+
+def test_float32_x_and_metal_refuse_the_planes_layout():
+    problem = LinearProblem(torch.float32, 16, 64, 256, 4, 128, False, False, "cuda", "planes")
+    assert "float16 or bfloat16" in planes.supports_planes(problem)
+    mps = LinearProblem(torch.float16, 16, 64, 256, 4, 128, False, False, "mps", "planes")
+    assert "planes layout" in metal.supports_qmv(mps) and "planes layout" in metal.supports_qmm(mps)
+    _, pw = planes_weight(64, 256)
+    with opforge.backend("triton"), pytest.raises(opforge.NoKernelError, match="float16 or bfloat16"):
+        opforge.linear(torch.randn(2, 256, device=DEVICE), pw)
+
+
+def test_pack_codes_and_pack_planes_agree_on_the_codes():
+    codes = torch.randint(0, 16, (5, 256))
+    assert torch.equal(unpack_planes(pack_planes(codes)),
+                       QuantizedWeight(pack_codes(codes, 4), torch.ones(2, 5), None, 4, 128, (5, 256)).codes())
