@@ -163,7 +163,7 @@ def ptx_report() -> int:
 
     kernel = planes._planes_kernel
     ints = ("M", "N", "stride_xm", "stride_w", "chunks_per_split", "n_chunks", "m_tiles", "n_splits")
-    aligned = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
+    aligned = ("x_ptr", "w_ptr", "s_ptr", "zw_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
     failures = 0
     for (block_m, block_n, warps, stages), asm, x in [((16, 64, 4, 4), True, "bf16"), ((16, 64, 4, 4), False, "bf16"),
                                                       ((16, 64, 4, 4), True, "fp16"), ((32, 64, 4, 4), True, "bf16"),
@@ -173,7 +173,7 @@ def ptx_report() -> int:
         consts = dict(GROUP=128, PER_ROW=False, SYMMETRIC=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False,
                       F32_DOT=False, CODE_MODE=mode, CODE_OFFSET=offset, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm,
                       PDL=False)
-        sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "b_ptr": "*" + x,
+        sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "s_ptr": "*fp16", "zw_ptr": "*i32", "b_ptr": "*" + x,
                "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
         sig.update({a: "i32" for a in ints})
         sig.update({k: "constexpr" for k in consts})

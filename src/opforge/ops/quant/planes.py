@@ -50,16 +50,18 @@ PLANES_TILES = {16: (64, 4, 4), 32: (64, 4, 4), 64: (128, 8, 3)}
 
 
 @triton.jit
-def _group_params(s_ptr, z_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
+def _group_params(s_ptr, zw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
                   BLOCK_N: tl.constexpr):
-    """(scales, zeros) of group ``g`` (0 for one group per row) as float32 (BLOCK_N,)."""
+    """Group ``g``'s (0 for one group per row) scales, float32 (BLOCK_N,), and zeros, int32
+    (BLOCK_N, 1): a 2-D tile of 4-byte words, which the software pipeline copies ahead like the
+    codes (checked in the sm_90 TTGIR; a 1-D load of 2-byte zeros stays a load each step waits on)."""
     if PER_ROW:
         g = 0
     s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
     if SYMMETRIC:
-        z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        z = tl.full((BLOCK_N, 1), 8, tl.int32)
     else:
-        z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        z = tl.load(zw_ptr + g * N + rows[:, None], mask=n_mask[:, None], other=0)
     return s, z
 
 
@@ -82,32 +84,36 @@ def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: 
             out = tl.inline_asm_elementwise(
                 "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
                 "lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.bf16x2 $0, t, $3; }",
-                "=r,r,r,r,r,r,r,r", [words, zc[:, None], sel, shift], dtype=tl.bfloat16, is_pure=True, pack=2)
+                "=r,r,r,r,r,r,r,r", [words, zc, sel, shift], dtype=tl.bfloat16, is_pure=True, pack=2)
         else:
             out = tl.inline_asm_elementwise(
                 "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
                 "lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, t, $3; }",
-                "=r,r,r,r,r,r,r,r", [words, zc[:, None], sel, shift], dtype=tl.float16, is_pure=True, pack=2)
+                "=r,r,r,r,r,r,r,r", [words, zc, sel, shift], dtype=tl.float16, is_pure=True, pack=2)
     else:
-        out = _codes_as_float((words >> (4 * i)) & 0xF, CODE_MODE) - zc[:, None]
+        out = _codes_as_float((words >> (4 * i)) & 0xF, CODE_MODE) - zc
     return out
 
 
 @triton.jit
 def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.constexpr, F32_DOT: tl.constexpr,
-                CODE_MODE: tl.constexpr, CODE_OFFSET: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+                SYMMETRIC: tl.constexpr, CODE_MODE: tl.constexpr, CODE_OFFSET: tl.constexpr, ASM: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """sum over planes ``first .. first+count-1`` of chunk ``q`` of (code - zero) x^T: a float32
-    (BLOCK_N, BLOCK_M) MMA sum. Nibble ``i`` of ``words`` is the A operand of columns 16i .. 16i+15."""
+    (BLOCK_N, BLOCK_M) MMA sum. Nibble ``i`` of ``words`` is the A operand of columns 16i .. 16i+15;
+    ``z`` the (BLOCK_N, 1) int32 zeros."""
     if F32_DOT:       # the interpreter (its bf16 dot is wrong): float32 codes minus the zero
-        zc = z
-    else:             # (offset + zero) in x's dtype, exact: integer zeros < 16
-        zc = (z + CODE_OFFSET).to(x_rows.dtype.element_ty)
+        zc = z.to(tl.float32)
+    elif SYMMETRIC:   # a float constant (one computed from an int outside the loop took a layout
+        # of its own, and the codes then went through shared memory: sm_90 TTGIR)
+        zc = tl.full((BLOCK_N, 1), CODE_OFFSET + 8, x_rows.dtype.element_ty)
+    else:             # (offset + zero) in x's dtype, exact (integer zeros < 16): OR-ed like a code
+        zc = _codes_as_float(z, CODE_MODE)
     part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for j in tl.static_range(count):
         xi = tl.load(x_rows + (q * 128 + 16 * (first + j)), mask=m_mask[:, None], other=0.0)
         if F32_DOT:
-            a = _codes_as_float((words >> (4 * (first + j))) & 0xF, 0) - zc[:, None]
+            a = _codes_as_float((words >> (4 * (first + j))) & 0xF, 0) - zc
             xi = xi.to(tl.float32)
         else:
             a = _plane_minus_zero(words, zc, first + j, CODE_MODE, ASM)
@@ -116,7 +122,7 @@ def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.cons
 
 
 @triton.jit
-def _planes_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
+def _planes_kernel(x_ptr, w_ptr, s_ptr, zw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
                    chunks_per_split, n_chunks, m_tiles, n_splits,
                    GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr,
                    PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
@@ -147,9 +153,9 @@ def _planes_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, 
         for h in tl.static_range(8 // PPG):                  # the groups of this chunk
             # loaded in the loop, not a chunk ahead: a zero carried across iterations took a
             # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
-            s, z = _group_params(s_ptr, z_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW,
+            s, z = _group_params(s_ptr, zw_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW,
                                  SYMMETRIC, BLOCK_N)
-            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, CODE_OFFSET, ASM,
+            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, SYMMETRIC, CODE_MODE, CODE_OFFSET, ASM,
                                BLOCK_M, BLOCK_N)
             acc += part * s[:, None]
     acc = tl.trans(acc)
@@ -191,7 +197,7 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
-    zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
+    zeros = w.zero_words if w.zero_words is not None else w.packed
     ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
     fixup = fixup and split > 1
     counters = _counters(x.device, tiles) if fixup else ws

@@ -147,6 +147,8 @@ class QuantizedWeight:
         packed: the stored codes (int4: int32 (N, K/8); int8: uint8 (N, K)).
         layout: how int4 codes sit in their words, ``"rows"`` (``pack_codes``) or ``"planes"``
             (``pack_planes``, made by ``repack``; only the Triton ``planes`` variant reads it).
+        zero_words: planes layout, asymmetric: ``zeros_t`` as int32 (what the planes kernel
+            reads; derived, not saved), else None.
         scales_t: (K/group, N) scales, float16/bfloat16/float32, transposed so that a kernel
             reads the scales of N-consecutive rows with one contiguous load.
         zeros_t: (K/group, N) zeros in code units, scales' dtype, or None (symmetric: 2**(bits-1)).
@@ -164,6 +166,10 @@ class QuantizedWeight:
         self.bits, self.group_size, self.shape = bits, group_size, (int(shape[0]), int(shape[1]))
         self.group = self.shape[1] if group_size == -1 else group_size
         self.layout = layout
+        # planes: the zeros again as int32 (integers < 16, see ``repack``), which the planes
+        # kernel loads through its pipelined copies (a 2-byte zero is a plain load it waits on)
+        self.zero_words = zeros_t.to(torch.int32).contiguous() if layout == "planes" and zeros_t is not None \
+            else None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -285,8 +291,9 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes stored: packed codes, scales and zeros."""
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_t, self.zeros_t) if t is not None)
+        """Bytes stored: packed codes, scales and zeros (and the planes layout's int32 zeros)."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_t, self.zeros_t, self.zero_words)
+                   if t is not None)
 
     def codes(self) -> torch.Tensor:
         """The (N, K) integer codes (int32), whatever the layout."""
