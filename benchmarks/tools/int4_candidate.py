@@ -163,17 +163,15 @@ def ptx_report() -> int:
 
     kernel = planes._planes_kernel
     ints = ("M", "N", "stride_xm", "stride_w", "chunks_per_split", "n_chunks", "m_tiles", "n_splits")
-    aligned = ("x_ptr", "w_ptr", "s_ptr", "zw_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
+    aligned = ("x_ptr", "w_ptr", "gw_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
     failures = 0
-    for (block_m, block_n, warps, stages), asm, x in [((16, 64, 4, 4), True, "bf16"), ((16, 64, 4, 4), False, "bf16"),
-                                                      ((16, 64, 4, 4), True, "fp16"), ((32, 64, 4, 4), True, "bf16"),
-                                                      ((64, 128, 8, 3), True, "bf16"), ((64, 64, 4, 3), True, "bf16"),
-                                                      ((16, 128, 8, 4), True, "bf16")]:
-        mode, offset = (1, 128) if x == "bf16" else (2, 1024)
-        consts = dict(GROUP=128, PER_ROW=False, SYMMETRIC=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False,
-                      F32_DOT=False, CODE_MODE=mode, CODE_OFFSET=offset, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm,
-                      PDL=False)
-        sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "s_ptr": "*fp16", "zw_ptr": "*i32", "b_ptr": "*" + x,
+    for (block_m, block_n, warps, stages), asm, x, group in [
+            ((16, 64, 4, 4), True, "bf16", 128), ((16, 64, 4, 4), False, "bf16", 128), ((16, 64, 4, 4), True, "fp16", 128),
+            ((16, 64, 4, 4), True, "bf16", 32), ((32, 64, 4, 4), True, "bf16", 128), ((64, 128, 8, 3), True, "bf16", 128),
+            ((64, 64, 4, 3), True, "bf16", 128), ((16, 64, 4, 6), True, "bf16", 128), ((16, 128, 8, 4), True, "bf16", 128)]:
+        consts = dict(GROUP=group, PER_ROW=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False, F32_DOT=False,
+                      CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm, PDL=False)
+        sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*" + x,
                "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
         sig.update({a: "i32" for a in ints})
         sig.update({k: "constexpr" for k in consts})
@@ -184,12 +182,15 @@ def ptx_report() -> int:
                                                                                  "num_stages": stages})
         except Exception as exc:
             failures += 1
-            print(f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x}: {type(exc).__name__}: {exc}"[:400])
+            print(f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x} g{group}: {type(exc).__name__}: {exc}"[:400])
             continue
         ttgir = compiled.asm["ttgir"]
         loop = ttgir[ttgir.index("scf.for"):]
-        print(f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x}: {report(compiled)}, "
-              f"{loop.count('ttg.local_alloc')} local_alloc in the K loop", flush=True)
+        loop = loop[:loop.index("scf.yield")]
+        print(f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x} g{group}: {report(compiled)}, in the K loop "
+              f"{loop.count('ttg.local_alloc')} local_alloc (codes through shared memory), "
+              f"{loop.count('async_copy_global_to_local')} pipelined copies, {loop.count('tt.load')} plain loads",
+              flush=True)
     return 1 if failures else 0
 
 

@@ -48,6 +48,22 @@ def test_repack_keeps_the_weight_and_round_trips(group_size, symmetric):
     assert repack(pw, "planes") is pw
 
 
+@pytest.mark.parametrize("symmetric, scale_dtype", [(False, torch.float16), (True, torch.bfloat16)])
+def test_group_words_carry_each_scale_and_zero_exactly(symmetric, scale_dtype):
+    """The planes kernel's one word per group and row: the float32 scale's bits OR the zero."""
+    codes = torch.randint(0, 16, (8, 256))
+    scales = (torch.rand(8, 2) * 0.1 + 1e-3).to(scale_dtype)
+    zeros = None if symmetric else torch.randint(0, 16, (8, 2)).to(scale_dtype)
+    pw = repack(QuantizedWeight.from_codes(codes, scales, zeros, 4, 128), "planes")
+    words = pw.group_words
+    assert words.dtype == torch.int32 and words.shape == (2, 8)
+    assert torch.equal((words & ~15).view(torch.float32), scales.t().float())
+    want = torch.full((2, 8), 8) if symmetric else zeros.t().int()
+    assert torch.equal(words & 15, want.int())
+    assert QuantizedWeight.from_codes(codes, scales, zeros, 4, 128).group_words is None
+    assert pw.nbytes == QuantizedWeight.from_codes(codes, scales, zeros, 4, 128).nbytes + words.numel() * 4
+
+
 def test_state_dict_round_trips_the_layout_and_old_dicts_load_as_rows():
     qw, pw = planes_weight(8, 128)
     d = pw.state_dict()
@@ -66,6 +82,7 @@ def test_row_operations_keep_the_layout():
     qw, pw = planes_weight(6, 256)
     picked = pw.select_rows(torch.tensor([4, 1]))
     assert picked.layout == "planes" and torch.equal(picked.dequantize(), qw.dequantize()[[4, 1]])
+    assert torch.equal(picked.group_words, pw.group_words[:, [4, 1]])
     both = QuantizedWeight.concat([pw, pw])
     assert both.layout == "planes" and torch.equal(both.dequantize(), torch.cat([qw.dequantize()] * 2))
     mixed = QuantizedWeight.concat([pw, qw])             # one layout each: rebuilt from the codes
@@ -78,8 +95,10 @@ def test_row_operations_keep_the_layout():
     (lambda: repack(opforge.quantize_weight(torch.randn(4, 64), 4, 32), "planes"), "K=64"),
     (lambda: repack(opforge.quantize_weight(torch.randn(4, 256), 4, 128), "tiles"), "layout must be one of"),
     (lambda: repack(torch.randn(4, 256), "planes"), "must be a QuantizedWeight"),
+    (lambda: repack(QuantizedWeight.from_codes(torch.randint(0, 16, (4, 128)), torch.rand(4, 1).half() + 0.1,
+                                               torch.full((4, 1), 7.5).half(), 4, 128), "planes"), "integer zeros"),
     (lambda: repack(QuantizedWeight.from_codes(torch.randint(0, 16, (4, 128)), torch.rand(4, 1) + 0.1,
-                                               torch.full((4, 1), 7.5), 4, 128), "planes"), "integer zeros"),
+                                               None, 4, 128), "planes"), "float16 or bfloat16 scales"),
 ])
 def test_repack_refuses_what_the_layout_cannot_hold(make, words):
     with pytest.raises((ValueError, TypeError), match=words):

@@ -50,19 +50,16 @@ PLANES_TILES = {16: (64, 4, 4), 32: (64, 4, 4), 64: (128, 8, 3)}
 
 
 @triton.jit
-def _group_params(s_ptr, zw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """Group ``g``'s (0 for one group per row) scales, float32 (BLOCK_N,), and zeros, int32
-    (BLOCK_N, 1): a 2-D tile of 4-byte words, which the software pipeline copies ahead like the
-    codes (checked in the sm_90 TTGIR; a 1-D load of 2-byte zeros stays a load each step waits on)."""
+def _group_params(gw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr):
+    """Group ``g``'s (0 for one group per row) scales, float32, and zeros, int32, both (BLOCK_N, 1),
+    from one word per row (``weight.group_words``: the float32 scale, whose low 13 bits are 0 for
+    a 16-bit scale, OR the zero). A 2-D tile of 4-byte words: the software pipeline copies it
+    ahead like the codes (sm_90 TTGIR; 1-D loads of 2-byte scales and zeros stay loads each step
+    waits on)."""
     if PER_ROW:
         g = 0
-    s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
-    if SYMMETRIC:
-        z = tl.full((BLOCK_N, 1), 8, tl.int32)
-    else:
-        z = tl.load(zw_ptr + g * N + rows[:, None], mask=n_mask[:, None], other=0)
-    return s, z
+    word = tl.load(gw_ptr + g * N + rows[:, None], mask=n_mask[:, None], other=0)
+    return (word & -16).to(tl.float32, bitcast=True), word & 0xF
 
 
 @triton.jit
@@ -97,16 +94,12 @@ def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: 
 
 @triton.jit
 def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.constexpr, F32_DOT: tl.constexpr,
-                SYMMETRIC: tl.constexpr, CODE_MODE: tl.constexpr, CODE_OFFSET: tl.constexpr, ASM: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                CODE_MODE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """sum over planes ``first .. first+count-1`` of chunk ``q`` of (code - zero) x^T: a float32
     (BLOCK_N, BLOCK_M) MMA sum. Nibble ``i`` of ``words`` is the A operand of columns 16i .. 16i+15;
     ``z`` the (BLOCK_N, 1) int32 zeros."""
     if F32_DOT:       # the interpreter (its bf16 dot is wrong): float32 codes minus the zero
         zc = z.to(tl.float32)
-    elif SYMMETRIC:   # a float constant (one computed from an int outside the loop took a layout
-        # of its own, and the codes then went through shared memory: sm_90 TTGIR)
-        zc = tl.full((BLOCK_N, 1), CODE_OFFSET + 8, x_rows.dtype.element_ty)
     else:             # (offset + zero) in x's dtype, exact (integer zeros < 16): OR-ed like a code
         zc = _codes_as_float(z, CODE_MODE)
     part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -122,11 +115,11 @@ def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.cons
 
 
 @triton.jit
-def _planes_kernel(x_ptr, w_ptr, s_ptr, zw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
+def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
                    chunks_per_split, n_chunks, m_tiles, n_splits,
-                   GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
                    PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
-                   CODE_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False):
     """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
     one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
@@ -153,11 +146,9 @@ def _planes_kernel(x_ptr, w_ptr, s_ptr, zw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr,
         for h in tl.static_range(8 // PPG):                  # the groups of this chunk
             # loaded in the loop, not a chunk ahead: a zero carried across iterations took a
             # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
-            s, z = _group_params(s_ptr, zw_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW,
-                                 SYMMETRIC, BLOCK_N)
-            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, SYMMETRIC, CODE_MODE, CODE_OFFSET, ASM,
-                               BLOCK_M, BLOCK_N)
-            acc += part * s[:, None]
+            s, z = _group_params(gw_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW)
+            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M, BLOCK_N)
+            acc += part * s
     acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
@@ -197,18 +188,17 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
-    zeros = w.zero_words if w.zero_words is not None else w.packed
     ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
     fixup = fixup and split > 1
     counters = _counters(x.device, tiles) if fixup else ws
     dependent = pdl.on(x.device)
-    mode, offset = code_mode(4, x.dtype)
+    mode, _ = code_mode(4, x.dtype)
     interpreting = triton_interpreting()
     asm = not interpreting if asm is None else asm and not interpreting
-    _planes((tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, x.stride(0),
+    _planes((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
                              w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
-                             w.group, per_row, w.symmetric, has_bias, split > 1, fixup, interpreting,
-                             mode, offset, block_m, block_n, asm, dependent),
+                             w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
+                             asm, dependent),
             num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         mn = p.m * p.n

@@ -133,6 +133,21 @@ def _check_layout(layout: object, bits: int, k: int) -> str:
     return str(layout)
 
 
+def _group_words(scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor], bits: int) -> torch.Tensor:
+    """One int32 per group and row for the planes kernel: the scale as float32 (a 16-bit scale
+    leaves its low 13 mantissa bits 0) OR the integer zero (< 16) in bits 0..3, so one 4-byte
+    word, which the kernel's pipeline can copy ahead, carries both; ``word & ~15`` is the scale
+    exactly, ``word & 15`` the zero.
+
+    Example:
+        >>> w = _group_words(torch.tensor([[0.25]], dtype=torch.float16), torch.tensor([[3.0]], dtype=torch.float16), 4)
+        >>> hex(w.item()), torch.tensor([w.item() & ~15], dtype=torch.int32).view(torch.float32).item()
+        ('0x3e800003', 0.25)
+    """
+    zero = torch.full_like(scales_t, 2 ** (bits - 1), dtype=torch.int32) if zeros_t is None else zeros_t.to(torch.int32)
+    return (scales_t.to(torch.float32).view(torch.int32) | zero).contiguous()
+
+
 class QuantizedWeight:
     """A (N, K) weight as ``bits``-bit codes, with a scale (and zero) per ``group_size`` elements of a row.
 
@@ -147,8 +162,9 @@ class QuantizedWeight:
         packed: the stored codes (int4: int32 (N, K/8); int8: uint8 (N, K)).
         layout: how int4 codes sit in their words, ``"rows"`` (``pack_codes``) or ``"planes"``
             (``pack_planes``, made by ``repack``; only the Triton ``planes`` variant reads it).
-        zero_words: planes layout, asymmetric: ``zeros_t`` as int32 (what the planes kernel
-            reads; derived, not saved), else None.
+        group_words: planes layout: (K/group, N) int32, per group and row the float32 scale's
+            bits OR the zero (``_group_words``; what the planes kernel reads; derived, not
+            saved), else None.
         scales_t: (K/group, N) scales, float16/bfloat16/float32, transposed so that a kernel
             reads the scales of N-consecutive rows with one contiguous load.
         zeros_t: (K/group, N) zeros in code units, scales' dtype, or None (symmetric: 2**(bits-1)).
@@ -166,10 +182,7 @@ class QuantizedWeight:
         self.bits, self.group_size, self.shape = bits, group_size, (int(shape[0]), int(shape[1]))
         self.group = self.shape[1] if group_size == -1 else group_size
         self.layout = layout
-        # planes: the zeros again as int32 (integers < 16, see ``repack``), which the planes
-        # kernel loads through its pipelined copies (a 2-byte zero is a plain load it waits on)
-        self.zero_words = zeros_t.to(torch.int32).contiguous() if layout == "planes" and zeros_t is not None \
-            else None
+        self.group_words = _group_words(scales_t, zeros_t, bits) if layout == "planes" else None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -291,8 +304,8 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes stored: packed codes, scales and zeros (and the planes layout's int32 zeros)."""
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_t, self.zeros_t, self.zero_words)
+        """Bytes stored: packed codes, scales and zeros (and the planes layout's group words)."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_t, self.zeros_t, self.group_words)
                    if t is not None)
 
     def codes(self) -> torch.Tensor:
@@ -390,9 +403,10 @@ def repack(w: QuantizedWeight, layout: str) -> QuantizedWeight:
 
     ``planes`` is what the Triton ``planes`` variant of ``linear`` reads (and only it: every
     call with such a weight runs that variant, whatever M; off unless a weight is repacked).
-    It needs int4, K a multiple of ``PLANE_CHUNK`` and integer zeros in [0, 16) (the kernel
+    It needs int4, K a multiple of ``PLANE_CHUNK``, integer zeros in [0, 16) (the kernel
     subtracts the zero from the code in x's 16-bit dtype, exactly; ``quantize_weight``'s zeros
-    are integers). ``rows`` undoes it. Raises ``ValueError`` naming what does not fit.
+    are integers) and float16 or bfloat16 scales (``quantize_weight``'s, unless out of float16's
+    range): each group's scale and zero travel in one int32 word (``group_words``). ``rows`` undoes it. Raises ``ValueError`` naming what does not fit.
 
     Example:
         >>> import torch
@@ -406,6 +420,9 @@ def repack(w: QuantizedWeight, layout: str) -> QuantizedWeight:
     layout = _check_layout(layout, w.bits, w.shape[1])
     if layout == w.layout:
         return w
+    if layout == "planes" and w.scales_t.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"the planes layout needs float16 or bfloat16 scales (their float32 form leaves 4 bits "
+                         f"for the zero), got {w.scales_t.dtype}")
     if layout == "planes" and w.zeros_t is not None:
         z = w.zeros_t
         bad = (z != z.round()) | (z < 0) | (z >= 16)
