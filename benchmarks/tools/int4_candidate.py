@@ -47,10 +47,11 @@ ROWS_LATER = (2, 4, 8, 32)
 FORMS: dict[str, tuple[dict, tuple]] = {
     "planes no-asm": ({"asm": False}, (16, 64)),
     "planes fixup": ({"fixup": True}, (16, 64)),
-    "planes pps2": ({"programs_per_sm": 2}, (16, 64)),
-    "planes pps8": ({"programs_per_sm": 8}, (16, 64)),
-    "planes (64,4,3)": ({"config": (64, 64, 4, 3)}, (64,)),
-    "planes bm64 (128,8,3)": ({"config": (64, 128, 8, 3)}, (32,)),
+    "planes pps2": ({"programs_per_sm": 2}, (16,)),
+    "planes pps8": ({"programs_per_sm": 8}, (16,)),
+    "planes (64,4,3) pps3": ({"config": (64, 64, 4, 3, 3)}, (64,)),
+    "planes pps4": ({"programs_per_sm": 4}, (64,)),
+    "planes bm64 (128,8,3)": ({"config": (64, 128, 8, 3, 2)}, (32,)),
     "planes s3": ({"config": (16, 64, 4, 3)}, (16,)),
     "planes s6": ({"config": (16, 64, 4, 6)}, (16,)),
 }

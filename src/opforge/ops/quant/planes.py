@@ -32,21 +32,23 @@ from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
-from .config import PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
+from .config import MAX_SPLIT, PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
 
 #: BLOCK_M of the planes kernel is the power of two >= M within 16..``PLANES_MAX_BLOCK_M``.
 PLANES_MAX_BLOCK_M = 64
-#: (BLOCK_N, num_warps, num_stages) by BLOCK_M (``planes_config``), chosen without a GPU from the
-#: sm_90 compile (benchmarks/tools/int4_candidate.py --ptx): 16/32 rows: one warpgroup on 64
-#: features (55-72 registers, 28-44 KB shared at 4 stages); 64 rows: two warpgroups on 128
-#: features, 3 stages (128 registers, 64 KB), which halves the re-reads of x per weight byte
-#: against 64 features. (16 rows on 128 features with 8 warps sent the codes through shared
-#: memory: not used.) Every one keeps the codes' words loaded straight into the MMA's operand
-#: layout (no local_alloc in the K loop).
-PLANES_TILES = {16: (64, 4, 4), 32: (64, 4, 4), 64: (128, 8, 3)}
+#: (BLOCK_N, num_warps, num_stages, programs per SM that K splits aim at) by BLOCK_M
+#: (``planes_config``), chosen without a GPU from the sm_90 compile (``benchmarks/tools/
+#: int4_candidate.py --ptx``). 16/32 rows: one warpgroup on 64 features, 4 stages (63/87
+#: registers, 29/46 KB shared: 4+ programs fit an SM), splits aiming at 4 programs per SM as the
+#: other dot kernels. 64 rows: two warpgroups on 128 features, which halves the re-reads of x
+#: per weight byte against 64 features, 3 stages (128 registers x 256 threads, 66 KB: 2 programs
+#: per SM fit, so splits aim at 2: more would run a second wave). 16 rows on 128 features with 8
+#: warps sent the codes through shared memory: not used. In each chosen tile the codes' words
+#: go from shared memory straight into the MMA's operand layout (no local_alloc in the K loop).
+PLANES_TILES = {16: (64, 4, 4, 4), 32: (64, 4, 4, 4), 64: (128, 8, 3, 2)}
 
 
 @triton.jit
@@ -157,34 +159,38 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
 _planes = TritonLauncher(_planes_kernel)
 
 
-def planes_config(p: LinearProblem) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the planes kernel: BLOCK_M the power of two
-    >= M within 16..64 (more rows run several M tiles), the rest from ``PLANES_TILES``.
+def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM) of the planes kernel: BLOCK_M
+    the power of two >= M within 16..64 (more rows run several M tiles), the rest from
+    ``PLANES_TILES``.
 
     Example:
         >>> planes_config(LinearProblem(torch.bfloat16, 5, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
-        (16, 64, 4, 4)
+        (16, 64, 4, 4, 4)
         >>> planes_config(LinearProblem(torch.bfloat16, 40, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
-        (64, 128, 8, 3)
+        (64, 128, 8, 3, 2)
     """
     block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
     return (block_m,) + PLANES_TILES[block_m]
 
 
-def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: int = PROGRAMS_PER_SM,
+def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: Optional[int] = None,
                   fixup: bool = False, asm: Optional[bool] = None) -> torch.Tensor:
     """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit
-    (BLOCK_M, BLOCK_N, warps, stages); K splits aim at ``programs_per_sm``; ``fixup`` adds the
+    (BLOCK_M, BLOCK_N, warps, stages[, programs per SM]); K splits aim at ``programs_per_sm``
+    (default: the config's); ``fixup`` adds the
     split partials in the kernel (the last split of a tile) instead of the combine kernel;
     ``asm`` unpacks two codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except
     under the interpreter, which has no inline PTX)."""
     p, w, x = call.problem, call.w, call.x
-    block_m, block_n, warps, stages = config or planes_config(p)
+    config = tuple(config or planes_config(p))
+    block_m, block_n, warps, stages = config[:4]
+    pps = programs_per_sm or (config[4] if len(config) > 4 else PROGRAMS_PER_SM)
     per_row = w.group_size == -1 or w.group >= p.k
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
     byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
-    split, k_per_split = _split(tiles, p.k, PLANE_CHUNK, x.device, programs_per_sm, min(32, byte_cap))
+    split, k_per_split = _split(tiles, p.k, PLANE_CHUNK, x.device, pps, min(MAX_SPLIT, byte_cap))
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
