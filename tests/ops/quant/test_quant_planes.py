@@ -111,12 +111,39 @@ def test_repack_refuses_what_the_layout_cannot_hold(make, words):
     (64, 32, True, torch.bfloat16), (70, 128, False, torch.float16)])
 def test_planes_kernel_matches_the_weight_it_holds(m, group_size, symmetric, dtype):
     """Every BLOCK_M (16, 32, 64, several M tiles), groups smaller than, equal to and larger than
-    the 128-code chunk, both zero kinds, both dtypes (the interpreter runs the MMA in float32)."""
+    the 128-code chunk, both zero kinds, both dtypes (the interpreter runs the MMA in float32);
+    also at the few rows the GEMV kernel takes by default."""
     qw, pw = planes_weight(96, 256, group_size, symmetric, seed=m)
     x = torch.randn(m, 256, device=DEVICE, dtype=dtype)
-    y = run_planes(x, pw)
+    y = planes.launch_planes(prepare(x, pw, None))
     assert y.shape == (m, 96) and y.dtype == dtype
     assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
+    if m > 4:
+        assert rel_error(run_planes(x, pw), oracle(x, qw)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("m, k, group_size, symmetric, variant", [
+    (1, 2048, 128, False, "decode"), (1, 384, -1, True, "decode"), (3, 256, 128, True, "decode"),
+    (4, 512, 128, False, "decode"), (1, 256, 64, False, "planes"), (3, 256, 32, True, "planes"),
+    (5, 256, 128, False, "planes")])
+def test_the_gemv_kernel_reads_the_planes_layout_at_few_rows(m, k, group_size, symmetric, variant):
+    """M <= 4 with groups of >= 128: the decode variant's GEMV (wide-K tiles at M = 1) reads the
+    planes layout (x's columns by ``_code_columns``); smaller groups or more rows run planes."""
+    qw, pw = planes_weight(72, k, group_size, symmetric, seed=k + m)
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(72, device=DEVICE, dtype=torch.float16)
+    with opforge.backend("triton"), opforge.trace() as t:
+        y = opforge.linear(x, pw, bias)
+    assert [(e.backend, e.variant) for e in t] == [("triton", variant)]
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+
+
+def test_a_planes_weight_runs_the_gemv_kernel_only_with_whole_chunks():
+    _, pw = planes_weight(64, 256, 128)
+    call = prepare(torch.randn(2, 256, device=DEVICE, dtype=torch.float16), pw, None)
+    for config in [(2, 64, 64, False, 4, 1), (16, 64, 128, True, 4, 3)]:
+        with pytest.raises(ValueError, match="planes-layout weight runs here only in the GEMV"):
+            tk.launch_config(call, config)
 
 
 @pytest.mark.parametrize("fixup", [False, True])
@@ -124,14 +151,14 @@ def test_split_k_bias_and_strided_rows(fixup):
     """K split across programs (the partials added by the combine kernel or in the kernel),
     a bias, rows of x read in place from a wider tensor."""
     qw, pw = planes_weight(64, 1024, 128, False, seed=3)
-    big = torch.randn(3, 1100, device=DEVICE, dtype=torch.float16)
+    big = torch.randn(6, 1100, device=DEVICE, dtype=torch.float16)
     x = big[:, 5:5 + 1024]
     bias = torch.randn(64, device=DEVICE, dtype=torch.float16)
     call = prepare(x, pw, bias)
     out = planes.launch_planes(call, programs_per_sm=4, fixup=fixup)
     assert rel_error(out, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
-    y = run_planes(x.reshape(1, 3, 1024), pw, bias)
-    assert y.shape == (1, 3, 64) and rel_error(y[0], oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+    y = run_planes(x.reshape(2, 3, 1024), pw, bias)
+    assert y.shape == (2, 3, 64) and rel_error(y.reshape(6, 64), oracle(x, qw, bias)) < TOLERANCE[torch.float16]
 
 
 def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
@@ -144,6 +171,8 @@ def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     problem = prepare(x, pw, None).problem
     for supports in (tk.supports_decode, tk.supports_prefill, tk.supports_dequant_gemm):
         assert "the weight is in the planes layout" in supports(problem)
+    few = prepare(x[:2], pw, None).problem
+    assert tk.supports_decode(few) is None and "GEMV reads the planes layout" in planes.supports_planes(few)
     assert "chosen: triton.decode" in rows_text and "not triton.planes: the weight is in the rows layout" in rows_text
     with opforge.backend("torch"), opforge.trace() as t:      # the torch path reads either layout
         y = opforge.linear(x, pw)

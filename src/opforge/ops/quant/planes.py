@@ -32,7 +32,7 @@ from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
-from .config import MAX_SPLIT, PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
+from .config import GEMV_ROWS, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
@@ -213,7 +213,8 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
 
 
 def supports_planes(p: LinearProblem) -> Optional[str]:
-    """None for a planes-layout weight (``weight.repack``) with float16/bfloat16 x, else why not.
+    """None for a planes-layout weight (``weight.repack``) with float16/bfloat16 x, except where
+    the GEMV kernel reads it (M <= ``config.GEMV_ROWS``, groups of >= 128), else why not.
 
     Example:
         >>> supports_planes(LinearProblem(torch.bfloat16, 16, 64, 256, 4, 128, False, False, "cuda"))
@@ -224,4 +225,6 @@ def supports_planes(p: LinearProblem) -> Optional[str]:
     if p.dtype not in (torch.float16, torch.bfloat16):
         return (f"x is {str(p.dtype).replace('torch.', '')}; the planes kernel takes float16 or bfloat16 "
                 "(float32 and float64 run on the torch path)")
+    if p.m <= GEMV_ROWS and (p.group >= 128 or p.group >= p.k):
+        return f"M={p.m} <= {GEMV_ROWS} with groups of >= 128: the decode variant's GEMV reads the planes layout"
     return None

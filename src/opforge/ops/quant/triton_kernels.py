@@ -63,7 +63,7 @@ from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import problem as qproblem
-from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
+from .config import GEMV_MAX_M, GEMV_ROWS, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
 from .planes import launch_planes, supports_planes
@@ -188,11 +188,25 @@ def _unpack(src, i: tl.constexpr, BITS: tl.constexpr, LOP3: tl.constexpr):
 
 
 @triton.jit
+def _code_columns(wj, i: tl.constexpr, PACK: tl.constexpr, PLANES: tl.constexpr):
+    """The columns of code ``i`` of words ``wj``: ``PACK * wj + i`` in the rows layout; in the
+    planes layout (int4, ``weight.pack_planes``) column ``128 * (wj // 16) + 16 * i + wj % 16``.
+    Word tiles and K splits of the GEMV are whole 128-code chunks (BLOCK_K a multiple of 128), so
+    a tile covers the same columns, and (groups of >= 128) the same groups, in either layout."""
+    if PLANES:
+        cols = (wj // 16) * 128 + (wj % 16) + 16 * i
+    else:
+        cols = wj * PACK + i
+    return cols
+
+
+@triton.jit
 def _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words, w_start, w_end,
               BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-              LOP3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              LOP3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PLANES: tl.constexpr = False):
     """One row of x: (BLOCK_N,) float32 dot products over words w_start .. w_end (2-D tiles only:
-    x is a strided (WORDS,) load per code position, broadcast over the tile's rows)."""
+    x is a strided (WORDS,) load per code position, broadcast over the tile's rows). PLANES: the
+    planes layout (``_code_columns``)."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
     WORDS: tl.constexpr = BLOCK_K // PACK
@@ -208,7 +222,7 @@ def _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words,
         t = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
         xs = tl.zeros((WORDS,), dtype=tl.float32)
         for i in tl.static_range(PACK):
-            xi = tl.load(x_ptr + wj * PACK + i, mask=j_mask, other=0.0).to(tl.float32)
+            xi = tl.load(x_ptr + _code_columns(wj, i, PACK, PLANES), mask=j_mask, other=0.0).to(tl.float32)
             xs += xi
             if i < HALF:
                 ci = _unpack(packed, i, BITS, LOP3)
@@ -238,7 +252,8 @@ def _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words,
 @triton.jit
 def _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask, N, k_words, stride_xm, w_start,
                w_end, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-               LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PLANES: tl.constexpr = False):
     """BLOCK_M rows of x: (BLOCK_M, BLOCK_N) float32 results, on (BLOCK_M, BLOCK_N, WORDS) tiles."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
@@ -254,12 +269,13 @@ def _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask
         packed = tl.load(words_ptr + row_off[None, :, :] + wj[None, None, :],
                          mask=n_mask[None, :, None] & j_mask[None, None, :], other=0)   # (1, BLOCK_N, WORDS)
         hi = packed >> 16
-        x_off = (wj * PACK)[None, None, :]
+        x_off = wj[None, None, :]
         x_mask = m_mask[:, None, None] & j_mask[None, None, :]
         t = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
         xs = tl.zeros((BLOCK_M, 1, WORDS), dtype=tl.float32)
         for i in tl.static_range(PACK):
-            xi = tl.load(x_rows + x_off + i, mask=x_mask, other=0.0).to(tl.float32)   # (BLOCK_M, 1, WORDS)
+            xi = tl.load(x_rows + _code_columns(x_off, i, PACK, PLANES), mask=x_mask,
+                         other=0.0).to(tl.float32)   # (BLOCK_M, 1, WORDS)
             xs += xi
             if i < HALF:
                 ci = _unpack(packed, i, BITS, LOP3)
@@ -291,8 +307,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
                  words_per_split, n_splits, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
                  LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr = False):
-    """BLOCK_M (1..16) rows of x by FMAs, no tensor cores. The weight is read as int32 words
+                 PDL: tl.constexpr = False, PLANES: tl.constexpr = False):
+    """BLOCK_M (1..16) rows of x by FMAs, no tensor cores (PLANES: int4 in the planes layout). The weight is read as int32 words
     (int4: 8 codes, int8: 4) in a (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was
     loaded in (16-byte loads: the loop runs over word indices, so their alignment is known).
     Codes are never shifted down: code ``i`` sits at bit ``BITS * p`` (p = i mod PACK/2) of the
@@ -313,10 +329,10 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     w_end = tl.minimum(k_words, w_start + words_per_split)
     if BLOCK_M == 1:
         res = _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words, w_start, w_end, BITS,
-                        GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_N, BLOCK_K)[None, :]
+                        GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_N, BLOCK_K, PLANES)[None, :]
     else:
         res = _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask, N, k_words, stride_xm,
-                         w_start, w_end, BITS, GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_M, BLOCK_N, BLOCK_K)
+                         w_start, w_end, BITS, GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_M, BLOCK_N, BLOCK_K, PLANES)
     _store(res, ms, m_mask, rows, n_mask, pid_k, pid_n, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
 
@@ -371,6 +387,9 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         raise ValueError(f"the GEMV kernel takes M <= BLOCK_M <= {GEMV_MAX_M} (and int8 K % 4 == 0)")
     if not use_dot and not per_row and w.group < block_k and block_k % w.group:
         raise ValueError(f"the GEMV kernel needs BLOCK_K ({block_k}) and the group ({w.group}) to divide one another")
+    if w.layout == "planes" and (use_dot or block_k % 128 or not (per_row or w.group >= 128)):
+        raise ValueError("a planes-layout weight runs here only in the GEMV kernel, with BLOCK_K a multiple of 128 "
+                         f"and groups of at least 128 (got {config}, group {w.group})")
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
     # partials cost 8 bytes per split and output element (written, read back): at most half the weight's bytes
@@ -396,7 +415,7 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // pack,
                                  x.stride(0), p.k // pack, k_per_split // pack, split, w.bits, w.group, per_row,
                                  w.symmetric, has_bias, split > 1, fixup, not triton_interpreting(), block_m, block_n,
-                                 block_k, dependent),
+                                 block_k, dependent, w.layout == "planes"),
               num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         target = ws
@@ -438,7 +457,20 @@ def _dtype_reason(p: LinearProblem):
 
 
 def supports_decode(p: LinearProblem):
+    if p.planes:
+        return _planes_gemv_reason(p)
     return _dtype_reason(p) or (None if p.decode else f"M={p.m} rows > 16: the prefill variant's")
+
+
+def _planes_gemv_reason(p: LinearProblem):
+    """A planes-layout weight runs in the decode variant only through the GEMV kernel (M up to
+    ``config.GEMV_ROWS``, groups of at least one 128-code chunk; ``_code_columns``)."""
+    if p.dtype not in KERNEL_DTYPES:
+        return _dtype_reason(p)
+    if p.m > GEMV_ROWS or not (p.group >= 128 or p.group >= p.k):
+        return (f"the weight is in the planes layout: the decode variant reads it with the GEMV kernel "
+                f"(M <= {GEMV_ROWS}, groups >= 128), not at M={p.m} with group {p.group}")
+    return None
 
 
 def supports_dequant_gemm(p: LinearProblem):
