@@ -3,14 +3,16 @@
 
 1. Check: at the nine 1B/8B projection shapes and M = 2, 4, 8, 16, 32, 64 (bf16 x), the
    candidate's output against ``x.double() @ w.dequantize(float64).T`` (within bf16's tolerance),
-   and its other forms (plain-op unpack, in-kernel split reduction, fp16 x) at M = 16 and 64.
+   and its other forms (plain-op unpack, in-kernel split reduction, other splits and stages,
+   fp16 x) at M = 16 and 64. (At M <= 4 a planes weight runs the decode variant's GEMV, which
+   reads the planes layout: "planes" there is that GEMV, "planes mma" the planes kernel.)
    A candidate form that fails is not timed (it is a result, in ``errors``).
 2. Time, as ``gpu_decode_breakdown.py``'s sweep does (its ``graph_us``): a CUDA graph of L
    launches over L different weights (>= 160 MB in all, L2-cold), same x; time per launch =
    replay / L. Per shape and M: cuBLAS bf16 ``F.linear``, ``opforge.linear`` on the rows-layout
    weight (today's default), ``opforge.linear`` on the planes weight (the candidate's default
-   tiles), and the candidate's other forms. M = 16 and 64 first (the targets), then 2, 4, 8, 32
-   while the budget lasts.
+   tiles), and the candidate's other forms. M = 16 and 64 first (the targets), then 1, 2, 4, 8,
+   32 while the budget lasts.
 3. A table (speed as a multiple of cuBLAS bf16) and the targets (>= 2.2x at M = 16, >= 1.6x at
    M = 64 on all nine shapes), for the default and the candidate. JSON to ``$OUT/int4_candidate.json``.
 
@@ -41,10 +43,11 @@ from opforge.testing import TOLERANCE, rel_error
 
 TARGETS = {16: 2.2, 64: 1.6}
 ROWS_FIRST = (16, 64)
-ROWS_LATER = (2, 4, 8, 32)
+ROWS_LATER = (1, 2, 4, 8, 32)   # M <= 4: "planes" is the GEMV reading the planes layout
 #: The candidate's forms besides its default: name -> launch_planes keyword arguments, and the
 #: rows they are timed at (the default tiles are always timed).
 FORMS: dict[str, tuple[dict, tuple]] = {
+    "planes mma": ({}, (2, 4)),   # the planes kernel itself where the GEMV takes the planes layout
     "planes no-asm": ({"asm": False}, (16, 64)),
     "planes fixup": ({"fixup": True}, (16, 64)),
     "planes pps2": ({"programs_per_sm": 2}, (16,)),

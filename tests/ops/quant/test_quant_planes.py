@@ -78,6 +78,16 @@ def test_state_dict_round_trips_the_layout_and_old_dicts_load_as_rows():
         QuantizedWeight.from_state_dict(dict(qw.state_dict(), layout=7))
 
 
+def test_safetensors_save_and_load_keep_the_layout(tmp_path):
+    qw, pw = planes_weight(16, 256)
+    path = tmp_path / "w.safetensors"
+    opforge.save_safetensors({"planes": pw, "rows": qw}, path)
+    back = opforge.load_safetensors(path)
+    assert back["planes"].layout == "planes" and back["rows"].layout == "rows"
+    assert torch.equal(back["planes"].packed, pw.packed) and torch.equal(back["planes"].group_words, pw.group_words)
+    assert torch.equal(back["planes"].dequantize(), qw.dequantize())
+
+
 def test_row_operations_keep_the_layout():
     qw, pw = planes_weight(6, 256)
     picked = pw.select_rows(torch.tensor([4, 1]))

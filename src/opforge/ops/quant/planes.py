@@ -1,24 +1,35 @@
 """The ``planes`` Triton variant of ``linear``: int4 weights repacked into the planes layout
-(``weight.repack``), on tensor cores, for any M (made for M = 2..64). Off unless a weight is
-repacked: nothing in opforge repacks by default (unmeasured on a GPU).
+(``weight.repack``), on tensor cores, for M = 5..64 (more rows run several M tiles; M <= 4 with
+groups of >= 128 runs the decode variant's GEMV, which reads the planes layout too). Off unless a
+weight is repacked: nothing in opforge repacks by default (unmeasured on a GPU;
+``benchmarks/tools/int4_candidate.py`` measures it).
 
-Why a layout of its own. The rows-layout dot kernel (``triton_kernels._qmm_kernel``, SWAP+JOIN)
-loads a (64 features, 16 words) tile, unpacks each word's 8 consecutive codes with ``tl.join``
-into a (64, 128) tensor, and that tensor is in a blocked layout, not the MMA operand's: sm_90
-TTGIR shows it stored to shared memory (16 KB per step), a barrier, and ``ldmatrix`` back, every
-K step; the sum of x over the group (for the zero) is a second reduction and layout conversion
-per step. In the planes layout nibble ``i`` of a (64, 16) word tile is the (64, 16) block of
-columns ``16i .. 16i+15``: one K step of the MMA, so each thread unpacks exactly the words it
-loaded, and Triton loads the word tile from shared memory straight into the MMA's A-operand
-layout (no conversion; checked in the sm_90 TTGIR). The zero is taken off the code before the
-MMA, in x's 16-bit dtype, exactly (integer zeros in [0, 16): ``(2**7 + code) - (2**7 + zero)``
-is an integer of at most 5 bits), so no sum of x is needed; the scale multiplies each group's
-float32 MMA sum. As in the other kernels, no dequantized weight is rounded to 16 bits.
+What bounds the rows-layout dot kernel (``triton_kernels._qmm_kernel``, SWAP+JOIN; H100, CUDA
+graphs over L2-cold weights, at fed7445): M=16 8B gate_up 69 us for 62 MB of packed weight
+(0.9 TB/s of ~3), bf16 84 us; 4 vs 3 pipeline stages and 8 vs 4 warps changed nothing, so it is
+not bytes in flight. Its sm_90 TTGIR, per 128-code step of a 64-feature tile: the codes are
+unpacked in a blocked layout (``tl.join``) and stored to shared memory (16 KB), a barrier, then
+``ldmatrix`` back into the MMA's operand layout; the sum of x over the group (for the zero) is a
+reduction and another layout conversion through shared memory; scales and zeros are plain global
+loads each step waits on (DRAM latency, L2-cold); ~5 issued instructions per code in all.
 
-Tiles: the weight is the MMA's first operand (out^T = W x^T), 64 features x 128 codes (one
-chunk of the layout) per step, BLOCK_M the power of two >= M (16..64; more rows take several M
-tiles), 4 warps, split K as the other dot kernels (``config.PROGRAMS_PER_SM``), partials added by
-the combine kernel. ``planes_config`` holds these choices.
+What this variant changes, each checked in the sm_90 TTGIR/PTX (``int4_candidate.py --ptx``):
+
+* Layout: per 128-code chunk of a row, nibble ``i`` of word ``c`` is column ``16i + c``, so
+  nibble ``i`` of a (64, 16) word tile is the (64, 16) block of columns ``16i .. 16i+15``: one
+  K step of the MMA. The unpack is elementwise, so Triton loads the word tile from shared memory
+  straight into the MMA's A-operand registers (no local_alloc in the K loop).
+* Unpack: two codes per ``prmt`` + ``lop3`` (+ a shift for odd nibbles) and one packed ``sub``
+  of the zero (``_plane_minus_zero``): ~2 instructions per code where the plain ops take ~3.5.
+* Zero before the MMA, exactly: ``(2**7 + code) - (2**7 + zero)`` in x's 16-bit dtype is an
+  integer of at most 5 bits (integer zeros in [0, 16)); no sum of x. The scale multiplies each
+  group's float32 MMA sum: as in the other kernels no dequantized weight is rounded to 16 bits.
+* Scale and zero in one int32 word per group and row (``weight.group_words``, same 4 bytes as
+  the two 16-bit values), a 2-D tile that the software pipeline copies ahead with the codes.
+
+Tiles (``planes_config``): the weight is the MMA's first operand (out^T = W x^T); BLOCK_M the
+power of two >= M (16..64); ``PLANES_TILES`` by BLOCK_M; K split as the other dot kernels,
+partials added by the combine kernel (or, ``fixup``, by the last split in the kernel).
 """
 from __future__ import annotations
 
@@ -70,9 +81,9 @@ def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: 
 
     ASM (sm_90; not under the interpreter): two words per ``prmt``: byte i//2 of each into bytes
     0 and 2 of one register, a shift by 4 for odd i, one ``lop3`` to mask both nibbles and OR the
-    exponent of the offset into both halves, one packed ``sub`` of the zero: 1.75 (odd i) or
-    1.25 (even i) instructions per code, where the plain ops take about 3 (each code alone to a
-    16-bit half, then packed)."""
+    exponent of the offset into both halves, one packed ``sub`` of the zero: 2 instructions per
+    code (1.5 where ptxas drops the shift by 0), where the plain ops take about 3.5 (each code
+    alone to a 16-bit half, then packed: sm_90 PTX)."""
     if ASM:
         # operands: $0 the two results; $1, $2 two words; $3 the two zeros; $4/$5 the prmt
         # selector, $6/$7 the shift (constants, one per packed element)

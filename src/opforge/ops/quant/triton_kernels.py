@@ -20,6 +20,10 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
   read from DRAM about once.
 
+* ``planes`` (int4 weights repacked by ``weight.repack``, M 5..64 and small groups; off unless
+  a weight is repacked): ``planes._planes_kernel``, see there. The GEMV kernel reads the planes
+  layout too (``PLANES``), so a repacked weight keeps the decode variant at M <= 4.
+
 * ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``; also int4 at M 17..64 with
   N*K <= ``problem.DEQUANT_SMALL_NK``): ``_dequant_kernel`` writes the weight in x's dtype (one
   pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the dequantized weight
