@@ -203,3 +203,12 @@ def test_pack_codes_and_pack_planes_agree_on_the_codes():
     codes = torch.randint(0, 16, (5, 256))
     assert torch.equal(unpack_planes(pack_planes(codes)),
                        QuantizedWeight(pack_codes(codes, 4), torch.ones(2, 5), None, 4, 128, (5, 256)).codes())
+
+
+def test_torch_compile_carries_the_layout_through_the_custom_op():
+    """Compiling, a QuantizedWeight travels as plain tensors and ints (``fakes``): the layout
+    too, else the planes words would be read as rows."""
+    qw, pw = planes_weight(24, 256)
+    x = torch.randn(3, 256)
+    f = torch.compile(lambda h: opforge.linear(h, pw), fullgraph=True, backend="aot_eager")
+    assert rel_error(f(x), oracle(x, qw)) < TOLERANCE[torch.float32]
