@@ -181,12 +181,28 @@ def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     problem = prepare(x, pw, None).problem
     for supports in (tk.supports_decode, tk.supports_prefill, tk.supports_dequant_gemm):
         assert "the weight is in the planes layout" in supports(problem)
+    many = LinearProblem(torch.float16, 300, 64, 256, 4, 128, False, False, "cuda", "planes")
+    assert tk.supports_dequant_gemm(many) is None and "dequant+cuBLAS" in planes.supports_planes(many)
+    assert "planes layout" in tk.supports_prefill(many)
     few = prepare(x[:2], pw, None).problem
     assert tk.supports_decode(few) is None and "GEMV reads the planes layout" in planes.supports_planes(few)
     assert "chosen: triton.decode" in rows_text and "not triton.planes: the weight is in the rows layout" in rows_text
     with opforge.backend("torch"), opforge.trace() as t:      # the torch path reads either layout
         y = opforge.linear(x, pw)
     assert t[0].variant == "reference" and rel_error(y, oracle(x, qw)) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("group_size, symmetric", [(128, False), (32, True), (-1, False)])
+def test_dequantize_kernel_reads_the_planes_layout(group_size, symmetric):
+    """dequant+cuBLAS (M >= DEQUANT_GEMM_MIN_M) with a planes weight: the Triton dequantize
+    kernel writes exactly the weight the rows layout gives."""
+    qw, pw = planes_weight(40, 384, group_size, symmetric)
+    assert torch.equal(tk.dequantize(pw, torch.float16), tk.dequantize(qw, torch.float16))
+    assert torch.equal(tk.dequantize(pw, torch.float32), qw.dequantize())
+    x = torch.randn(300, 384, device=DEVICE, dtype=torch.float16)
+    with opforge.backend("triton"), opforge.trace() as t:
+        y = opforge.linear(x, pw)
+    assert t[0].variant == "dequant_gemm" and rel_error(y, oracle(x, qw)) < TOLERANCE[torch.float16]
 
 
 def test_float32_x_and_metal_refuse_the_planes_layout():

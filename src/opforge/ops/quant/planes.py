@@ -1,6 +1,7 @@
 """The ``planes`` Triton variant of ``linear``: int4 weights repacked into the planes layout
-(``weight.repack``), on tensor cores, for M = 5..64 (more rows run several M tiles; M <= 4 with
-groups of >= 128 runs the decode variant's GEMV, which reads the planes layout too). Off unless a
+(``weight.repack``), on tensor cores, made for M = 5..64 (up to 255 rows run several M tiles).
+The other kernels read the planes layout where they run better: the decode variant's GEMV at
+M <= 4 with groups of >= 128, dequant+cuBLAS (its dequantize kernel) from 256 rows. Off unless a
 weight is repacked: nothing in opforge repacks by default (unmeasured on a GPU;
 ``benchmarks/tools/int4_candidate.py`` measures it).
 
@@ -225,7 +226,8 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
 
 def supports_planes(p: LinearProblem) -> Optional[str]:
     """None for a planes-layout weight (``weight.repack``) with float16/bfloat16 x, except where
-    the GEMV kernel reads it (M <= ``config.GEMV_ROWS``, groups of >= 128), else why not.
+    the GEMV kernel reads it (M <= ``config.GEMV_ROWS``, groups of >= 128) or dequant+cuBLAS does
+    (M >= ``problem.DEQUANT_GEMM_MIN_M``), else why not.
 
     Example:
         >>> supports_planes(LinearProblem(torch.bfloat16, 16, 64, 256, 4, 128, False, False, "cuda"))
@@ -238,4 +240,6 @@ def supports_planes(p: LinearProblem) -> Optional[str]:
                 "(float32 and float64 run on the torch path)")
     if p.m <= GEMV_ROWS and (p.group >= 128 or p.group >= p.k):
         return f"M={p.m} <= {GEMV_ROWS} with groups of >= 128: the decode variant's GEMV reads the planes layout"
+    if p.large:
+        return f"M={p.m} rows: dequant+cuBLAS (its dequantize kernel reads the planes layout)"
     return None

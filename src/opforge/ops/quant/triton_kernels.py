@@ -20,9 +20,10 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
   read from DRAM about once.
 
-* ``planes`` (int4 weights repacked by ``weight.repack``, M 5..64 and small groups; off unless
-  a weight is repacked): ``planes._planes_kernel``, see there. The GEMV kernel reads the planes
-  layout too (``PLANES``), so a repacked weight keeps the decode variant at M <= 4.
+* ``planes`` (int4 weights repacked by ``weight.repack``, M 5..255, and M <= 4 with groups
+  under 128; off unless a weight is repacked): ``planes._planes_kernel``, see there. The GEMV
+  and dequantize kernels read the planes layout too (``PLANES``), so a repacked weight keeps
+  the decode variant at M <= 4 and dequant+cuBLAS from 256 rows.
 
 * ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``; also int4 at M 17..64 with
   N*K <= ``problem.DEQUANT_SMALL_NK``): ``_dequant_kernel`` writes the weight in x's dtype (one
@@ -343,22 +344,51 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
 
 @triton.jit
 def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, k_words, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
-                    PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group."""
+                    PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PLANES: tl.constexpr = False):
+    """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group
+    (PLANES: the planes layout, ``_dequant_planes``)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = tl.program_id(1) * BLOCK_K
     n_mask = rows < N
-    ks = k0 + tl.arange(0, BLOCK_K)
-    codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
-    g = 0 if PER_ROW else k0 // GROUP
-    s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
-    if SYMMETRIC:
-        z = tl.full((BLOCK_N,), 2 ** (BITS - 1), tl.float32)
+    if PLANES:
+        _dequant_planes(w_ptr, s_ptr, z_ptr, out_ptr, rows, n_mask, N, K, stride_w, GROUP, PER_ROW, SYMMETRIC,
+                        BLOCK_N)
     else:
-        z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
-    w = (_codes_as_float(codes, 0) - z[:, None]) * s[:, None]
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w.to(out_ptr.dtype.element_ty),
-             mask=n_mask[:, None] & (ks < K)[None, :])
+        k0 = tl.program_id(1) * BLOCK_K
+        ks = k0 + tl.arange(0, BLOCK_K)
+        codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
+        g = 0 if PER_ROW else k0 // GROUP
+        s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        if SYMMETRIC:
+            z = tl.full((BLOCK_N,), 2 ** (BITS - 1), tl.float32)
+        else:
+            z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        w = (_codes_as_float(codes, 0) - z[:, None]) * s[:, None]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=n_mask[:, None] & (ks < K)[None, :])
+
+
+@triton.jit
+def _dequant_planes(w_ptr, s_ptr, z_ptr, out_ptr, rows, n_mask, N, K, stride_w, GROUP: tl.constexpr,
+                    PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dequantize kernel's program for one 128-code chunk of the planes layout (program_id 1):
+    a (BLOCK_N, 16) word tile, nibble ``i`` of it stored as columns 16i .. 16i+15, each plane with
+    its own group's scale and zero (any group >= 16)."""
+    q = tl.program_id(1)
+    c16 = tl.arange(0, 16)
+    words = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + (q * 16 + c16)[None, :], mask=n_mask[:, None],
+                    other=0)
+    for i in tl.static_range(8):
+        k0 = q * 128 + 16 * i
+        g = 0 if PER_ROW else k0 // GROUP
+        s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        if SYMMETRIC:
+            z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        else:
+            z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        w = (_codes_as_float((words >> (4 * i)) & 0xF, 0) - z[:, None]) * s[:, None]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + (k0 + c16)[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=n_mask[:, None])
 
 
 _qmm = TritonLauncher(_qmm_kernel)
@@ -432,11 +462,13 @@ def dequantize(w, dtype: torch.dtype) -> torch.Tensor:
     """The (N, K) weight ``(code - zero) * scale`` (float32, then cast to ``dtype``) by a Triton kernel."""
     n, k = w.shape
     per_row = w.group_size == -1 or w.group >= k
-    block_k = min(_pow2_le(k if per_row else w.group), 128)
+    planes = w.layout == "planes"      # one program per 128-code chunk
+    block_k = 128 if planes else min(_pow2_le(k if per_row else w.group), 128)
     out = alloc.empty((n, k), dtype, w.device)
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
     _dequant((cdiv(n, 32), cdiv(k, block_k)), (w.packed, w.scales_t, zeros, out, n, k, k // 8, w.packed.stride(0),
-                                                w.bits, w.group, per_row, w.symmetric, 32, block_k), num_warps=4)
+                                                w.bits, w.group, per_row, w.symmetric, 32, block_k, planes),
+             num_warps=4)
     return out
 
 
@@ -453,11 +485,16 @@ def _dtype_reason(p: LinearProblem):
                 "(float32 and float64 run on the torch path)")
     if p.dense:
         return "w is dense (torch's F.linear runs it)"
-    if p.planes:
-        return "the weight is in the planes layout: the planes variant reads it"
     if p.k < 16:
         return f"K={p.k} < 16 (tl.dot needs K tiles of at least 16)"
     return None
+
+
+def _rows_reason(p: LinearProblem):
+    """Why the rows-layout kernels cannot run ``p`` (the dtype and K checks, and the layout)."""
+    if p.planes:
+        return "the weight is in the planes layout: the planes variant reads it"
+    return _dtype_reason(p)
 
 
 def supports_decode(p: LinearProblem):
@@ -469,8 +506,9 @@ def supports_decode(p: LinearProblem):
 def _planes_gemv_reason(p: LinearProblem):
     """A planes-layout weight runs in the decode variant only through the GEMV kernel (M up to
     ``config.GEMV_ROWS``, groups of at least one 128-code chunk; ``_code_columns``)."""
-    if p.dtype not in KERNEL_DTYPES:
-        return _dtype_reason(p)
+    reason = _dtype_reason(p)
+    if reason:
+        return reason
     if p.m > GEMV_ROWS or not (p.group >= 128 or p.group >= p.k):
         return (f"the weight is in the planes layout: the decode variant reads it with the GEMV kernel "
                 f"(M <= {GEMV_ROWS}, groups >= 128), not at M={p.m} with group {p.group}")
@@ -478,6 +516,10 @@ def _planes_gemv_reason(p: LinearProblem):
 
 
 def supports_dequant_gemm(p: LinearProblem):
+    if p.planes:   # the dequantize kernel reads the planes layout; from DEQUANT_GEMM_MIN_M rows only
+        large = None if p.large else (f"the weight is in the planes layout: dequant+cuBLAS takes it from "
+                                      f"M={qproblem.DEQUANT_GEMM_MIN_M} rows, not M={p.m}")
+        return _dtype_reason(p) or large
     return _dtype_reason(p) or (None if p.dequant_gemm else _not_dequant_gemm_reason(p))
 
 
@@ -487,7 +529,7 @@ def _not_dequant_gemm_reason(p: LinearProblem) -> str:
 
 
 def supports_prefill(p: LinearProblem):
-    return _dtype_reason(p)
+    return _rows_reason(p)
 
 
 VARIANTS = (
