@@ -163,8 +163,8 @@ class QuantizedWeight:
         layout: how int4 codes sit in their words, ``"rows"`` (``pack_codes``) or ``"planes"``
             (``pack_planes``, made by ``repack``; only the Triton ``planes`` variant reads it).
         group_words: planes layout: (K/group, N) int32, per group and row the float32 scale's
-            bits OR the zero (``_group_words``; what the planes kernel reads; derived, not
-            saved), else None.
+            bits OR the zero (``_group_words``; what the planes kernel reads; derived from scales
+            and zeros, not saved; built by the constructor unless passed), else None.
         scales_t: (K/group, N) scales, float16/bfloat16/float32, transposed so that a kernel
             reads the scales of N-consecutive rows with one contiguous load.
         zeros_t: (K/group, N) zeros in code units, scales' dtype, or None (symmetric: 2**(bits-1)).
@@ -177,12 +177,17 @@ class QuantizedWeight:
     """
 
     def __init__(self, packed: torch.Tensor, scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor],
-                 bits: int, group_size: int, shape: tuple[int, int], layout: str = "rows"):
+                 bits: int, group_size: int, shape: tuple[int, int], layout: str = "rows",
+                 group_words: Optional[torch.Tensor] = None):
         self.packed, self.scales_t, self.zeros_t = packed, scales_t, zeros_t
         self.bits, self.group_size, self.shape = bits, group_size, (int(shape[0]), int(shape[1]))
         self.group = self.shape[1] if group_size == -1 else group_size
         self.layout = layout
-        self.group_words = _group_words(scales_t, zeros_t, bits) if layout == "planes" else None
+        # planes: built here unless given (a module that keeps them as a buffer passes them, so
+        # rebuilding the weight per call costs no conversion)
+        if layout == "planes" and group_words is None:
+            group_words = _group_words(scales_t, zeros_t, bits)
+        self.group_words = group_words if layout == "planes" else None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -387,7 +392,7 @@ class QuantizedWeight:
             return self
         move = (lambda t: None if t is None else t.to(device))
         return QuantizedWeight(move(self.packed), move(self.scales_t), move(self.zeros_t), self.bits,
-                               self.group_size, self.shape, self.layout)
+                               self.group_size, self.shape, self.layout, move(self.group_words))
 
     def __repr__(self) -> str:
         n, k = self.shape
