@@ -102,6 +102,7 @@ def shape_rows(n: int, k: int, label: str, ms: tuple, device: str, deadline: flo
         if check(f"{label} M={m} planes", lambda: opforge.linear(x, ps[0]), want, torch.bfloat16):
             timed["planes"] = [lambda p=p: opforge.linear(x, p) for p in ps]
         calls = [prepare(x, p, None) for p in ps]
+        row["planes_config"] = planes.planes_config(calls[0].problem)
         for name, (kwargs, rows) in FORMS.items():
             if m in rows and check(f"{label} M={m} {name}", form_fn(calls[0], kwargs), want, torch.bfloat16):
                 timed[name] = [form_fn(c, kwargs) for c in calls]
@@ -202,7 +203,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--ptx", action="store_true", help="sm_90 compile report of the candidate's tiles only")
-    parser.add_argument("--budget", type=float, default=140.0, help="seconds for checks and timings")
+    parser.add_argument("--budget", type=float, default=120.0,
+                        help="no new M row starts after this many seconds (the M = 16/64 pass always completes)")
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     args = parser.parse_args()
     if args.ptx:
