@@ -171,9 +171,11 @@ def ptx_report() -> int:
     aligned = ("x_ptr", "w_ptr", "gw_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
     failures = 0
     for (block_m, block_n, warps, stages), asm, x, group in [
-            ((16, 64, 4, 4), True, "bf16", 128), ((16, 64, 4, 4), False, "bf16", 128), ((16, 64, 4, 4), True, "fp16", 128),
-            ((16, 64, 4, 4), True, "bf16", 32), ((32, 64, 4, 4), True, "bf16", 128), ((64, 128, 8, 3), True, "bf16", 128),
-            ((64, 64, 4, 3), True, "bf16", 128), ((16, 64, 4, 6), True, "bf16", 128), ((16, 128, 8, 4), True, "bf16", 128)]:
+            ((16, 64, 4, 4), True, "bf16", 128), ((16, 64, 4, 4), False, "bf16", 128),
+            ((16, 64, 4, 4), True, "fp16", 128), ((16, 64, 4, 4), True, "bf16", 32),
+            ((32, 64, 4, 4), True, "bf16", 128), ((64, 128, 8, 3), True, "bf16", 128),
+            ((64, 64, 4, 3), True, "bf16", 128), ((16, 64, 4, 6), True, "bf16", 128),
+            ((16, 128, 8, 4), True, "bf16", 128)]:
         consts = dict(GROUP=group, PER_ROW=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False, F32_DOT=False,
                       CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm, PDL=False)
         sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*" + x,
@@ -187,7 +189,8 @@ def ptx_report() -> int:
                                                                                  "num_stages": stages})
         except Exception as exc:
             failures += 1
-            print(f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x} g{group}: {type(exc).__name__}: {exc}"[:400])
+            label = f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x} g{group}"
+            print(f"{label}: {type(exc).__name__}: {exc}"[:400])
             continue
         ttgir = compiled.asm["ttgir"]
         loop = ttgir[ttgir.index("scf.for"):]

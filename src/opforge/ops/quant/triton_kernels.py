@@ -313,9 +313,10 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
                  SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
                  LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PDL: tl.constexpr = False, PLANES: tl.constexpr = False):
-    """BLOCK_M (1..16) rows of x by FMAs, no tensor cores (PLANES: int4 in the planes layout). The weight is read as int32 words
-    (int4: 8 codes, int8: 4) in a (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was
-    loaded in (16-byte loads: the loop runs over word indices, so their alignment is known).
+    """BLOCK_M (1..16) rows of x by FMAs, no tensor cores (PLANES: int4 in the planes layout,
+    ``_code_columns``). The weight is read as int32 words (int4: 8 codes, int8: 4) in a
+    (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was loaded in (16-byte loads:
+    the loop runs over word indices, so their alignment is known).
     Codes are never shifted down: code ``i`` sits at bit ``BITS * p`` (p = i mod PACK/2) of the
     word or of the word shifted right by 16 (one shift per word); masked in place and OR-ed with
     the exponent of 2**(23 - BITS*p), it is the float 2**(23 - BITS*p) + code exactly, so one

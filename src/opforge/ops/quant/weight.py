@@ -406,12 +406,14 @@ class QuantizedWeight:
 def repack(w: QuantizedWeight, layout: str) -> QuantizedWeight:
     """The same weight with its int4 codes in ``layout`` (``LAYOUTS``); scales and zeros shared.
 
-    ``planes`` is what the Triton ``planes`` variant of ``linear`` reads (and only it: every
-    call with such a weight runs that variant, whatever M; off unless a weight is repacked).
-    It needs int4, K a multiple of ``PLANE_CHUNK``, integer zeros in [0, 16) (the kernel
-    subtracts the zero from the code in x's 16-bit dtype, exactly; ``quantize_weight``'s zeros
-    are integers) and float16 or bfloat16 scales (``quantize_weight``'s, unless out of float16's
-    range): each group's scale and zero travel in one int32 word (``group_words``). ``rows`` undoes it. Raises ``ValueError`` naming what does not fit.
+    ``planes`` is what the Triton ``planes`` variant of ``linear`` reads (M 5..255; the GEMV
+    reads it at M <= 4 with groups of >= 128, the dequantize kernel from 256 rows, the torch path
+    always; the rows dot kernel and Metal do not). Off unless a weight is repacked. It needs int4,
+    K a multiple of ``PLANE_CHUNK``, integer zeros in [0, 16) (the kernel subtracts the zero from
+    the code in x's 16-bit dtype, exactly; ``quantize_weight``'s zeros are integers) and float16
+    or bfloat16 scales (``quantize_weight``'s, unless out of float16's range): each group's scale
+    and zero travel in one int32 word (``group_words``). ``rows`` undoes it. Raises
+    ``ValueError`` naming what does not fit.
 
     Example:
         >>> import torch
