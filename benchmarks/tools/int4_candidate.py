@@ -55,6 +55,10 @@ FORMS: dict[str, tuple[dict, tuple]] = {
     "planes (64,4,3) pps3": ({"config": (64, 64, 4, 3, 3)}, (64,)),
     "planes pps4": ({"programs_per_sm": 4}, (64,)),
     "planes bm64 (128,8,3)": ({"config": (64, 128, 8, 3, 2)}, (32,)),
+    "planes (128,8,4)": ({"config": (32, 128, 8, 4, 2)}, (32,)),
+    # 256 features: x re-read half as often again (at M = 64 about 2 bytes of x per weight byte
+    # with 128 features); 255 registers x 256 threads: one program per SM
+    "planes (256,8,3) pps1": ({"config": (64, 256, 8, 3, 1)}, (64,)),
     "planes s3": ({"config": (16, 64, 4, 3)}, (16,)),
     "planes s6": ({"config": (16, 64, 4, 6)}, (16,)),
 }
@@ -175,7 +179,8 @@ def ptx_report() -> int:
             ((16, 64, 4, 4), True, "fp16", 128), ((16, 64, 4, 4), True, "bf16", 32),
             ((32, 64, 4, 4), True, "bf16", 128), ((64, 128, 8, 3), True, "bf16", 128),
             ((64, 64, 4, 3), True, "bf16", 128), ((16, 64, 4, 6), True, "bf16", 128),
-            ((16, 128, 8, 4), True, "bf16", 128)]:
+            ((16, 128, 8, 4), True, "bf16", 128), ((32, 128, 8, 4), True, "bf16", 128),
+            ((64, 256, 8, 3), True, "bf16", 128)]:
         consts = dict(GROUP=group, PER_ROW=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False, F32_DOT=False,
                       CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm, PDL=False)
         sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*" + x,
