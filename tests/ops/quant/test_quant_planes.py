@@ -15,9 +15,9 @@ def oracle(x, qw, bias=None):
     return cases.oracle((x, qw, bias), {})
 
 
-def planes_weight(n, k, group_size=128, symmetric=False, seed=0):
+def planes_weight(n, k, group_size=128, symmetric=False, seed=0, device=DEVICE):
     gen = torch.Generator().manual_seed(seed)
-    qw = opforge.quantize_weight(torch.randn(n, k, generator=gen).mul_(0.05).to(DEVICE), 4, group_size, symmetric)
+    qw = opforge.quantize_weight(torch.randn(n, k, generator=gen).mul_(0.05).to(device), 4, group_size, symmetric)
     return qw, repack(qw, "planes")
 
 
@@ -65,7 +65,7 @@ def test_group_words_carry_each_scale_and_zero_exactly(symmetric, scale_dtype):
 
 
 def test_state_dict_round_trips_the_layout_and_old_dicts_load_as_rows():
-    qw, pw = planes_weight(8, 128)
+    qw, pw = planes_weight(8, 128, device="cpu")
     d = pw.state_dict()
     assert d["layout"] == LAYOUTS.index("planes") and "layout" not in qw.state_dict()
     d = {k: torch.tensor(v) if isinstance(v, int) else v for k, v in d.items()}   # as safetensors returns ints
@@ -79,7 +79,7 @@ def test_state_dict_round_trips_the_layout_and_old_dicts_load_as_rows():
 
 
 def test_safetensors_save_and_load_keep_the_layout(tmp_path):
-    qw, pw = planes_weight(16, 256)
+    qw, pw = planes_weight(16, 256, device="cpu")
     path = tmp_path / "w.safetensors"
     opforge.save_safetensors({"planes": pw, "rows": qw}, path)
     back = opforge.load_safetensors(path)
@@ -89,7 +89,7 @@ def test_safetensors_save_and_load_keep_the_layout(tmp_path):
 
 
 def test_row_operations_keep_the_layout():
-    qw, pw = planes_weight(6, 256)
+    qw, pw = planes_weight(6, 256, device="cpu")
     picked = pw.select_rows(torch.tensor([4, 1]))
     assert picked.layout == "planes" and torch.equal(picked.dequantize(), qw.dequantize()[[4, 1]])
     assert torch.equal(picked.group_words, pw.group_words[:, [4, 1]])
@@ -224,7 +224,7 @@ def test_pack_codes_and_pack_planes_agree_on_the_codes():
 def test_torch_compile_carries_the_layout_through_the_custom_op():
     """Compiling, a QuantizedWeight travels as plain tensors and ints (``fakes``): the layout
     too, else the planes words would be read as rows."""
-    qw, pw = planes_weight(24, 256)
+    qw, pw = planes_weight(24, 256, device="cpu")
     x = torch.randn(3, 256)
     f = torch.compile(lambda h: opforge.linear(h, pw), fullgraph=True, backend="aot_eager")
     assert rel_error(f(x), oracle(x, qw)) < TOLERANCE[torch.float32]
