@@ -190,9 +190,8 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
                   fixup: bool = False, asm: Optional[bool] = None) -> torch.Tensor:
     """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit
     (BLOCK_M, BLOCK_N, warps, stages[, programs per SM]); K splits aim at ``programs_per_sm``
-    (default: the config's); ``fixup`` adds the
-    split partials in the kernel (the last split of a tile) instead of the combine kernel;
-    ``asm`` unpacks two codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except
+    (default: the config's); ``fixup`` adds the split partials in the kernel (the last split of
+    a tile) instead of the combine kernel; ``asm`` unpacks two codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except
     under the interpreter, which has no inline PTX)."""
     p, w, x = call.problem, call.w, call.x
     config = tuple(config or planes_config(p))
