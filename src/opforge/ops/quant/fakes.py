@@ -2,7 +2,7 @@
 
 While compiling, ``route_linear`` sends a quantized weight to ``opforge::quantized_linear``,
 an op over its plain tensors and ints (packed codes, transposed scales, zeros or None, bits,
-group size, N, K), which rebuilds the ``QuantizedWeight`` and runs ``linear``; a dense weight
+group size, N, K, the codes' layout), which rebuilds the ``QuantizedWeight`` and runs ``linear``; a dense weight
 is ``torch.nn.functional.linear``.
 """
 from __future__ import annotations
@@ -27,11 +27,13 @@ def bind(**functions: Any) -> None:
 
 
 def _quantized_linear(x: torch.Tensor, packed: torch.Tensor, scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor],
-                      bits: int, group_size: int, n: int, k: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    return _public["linear"].eager(x, QuantizedWeight(packed, scales_t, zeros_t, bits, group_size, (n, k)), bias)
+                      bits: int, group_size: int, n: int, k: int, bias: Optional[torch.Tensor],
+                      layout: str = "rows") -> torch.Tensor:
+    w = QuantizedWeight(packed, scales_t, zeros_t, bits, group_size, (n, k), layout)
+    return _public["linear"].eager(x, w, bias)
 
 
-def _fake_quantized_linear(x, packed, scales_t, zeros_t, bits, group_size, n, k, bias):
+def _fake_quantized_linear(x, packed, scales_t, zeros_t, bits, group_size, n, k, bias, layout="rows"):
     return x.new_empty(x.shape[:-1] + (n,))
 
 
@@ -41,5 +43,5 @@ quantized_linear_op = library_op("quantized_linear", _quantized_linear, _fake_qu
 def route_linear(x, w, bias=None):
     if isinstance(w, QuantizedWeight):
         return quantized_linear_op(x, w.packed, w.scales_t, w.zeros_t, w.bits, w.group_size,
-                                   w.shape[0], w.shape[1], bias)
+                                   w.shape[0], w.shape[1], bias, w.layout)
     return F.linear(x, w, bias)

@@ -154,6 +154,8 @@ def qmm(call: LinearCall) -> torch.Tensor:
 def _reason(p: LinearProblem) -> Optional[str]:
     if p.dense:
         return "w is dense (torch's F.linear runs it)"
+    if p.planes:
+        return "the weight is in the planes layout (a Triton layout; the Metal kernels read rows)"
     if p.bits == 8 and p.k % 4:
         return f"K={p.k}: the Metal int8 kernels read 4 codes per 32-bit word (K a multiple of 4)"
     return kernel_dtype_reason("metal", p.dtype) or \

@@ -45,6 +45,13 @@ class LinearProblem(ProblemRecord):
     symmetric: bool
     has_bias: bool
     device_type: str
+    layout: str = "rows"     # how int4 codes sit in their words (``weight.LAYOUTS``)
+
+    @property
+    def planes(self) -> bool:
+        """Whether the weight is in the ``planes`` layout (``weight.repack``): only the Triton
+        ``planes`` variant (and the torch path) reads it."""
+        return self.layout == "planes"
 
     @property
     def dense(self) -> bool:
@@ -75,6 +82,8 @@ class LinearProblem(ProblemRecord):
 
     def describe(self) -> str:
         w = "dense" if self.dense else f"int{self.bits} g{self.group}{' sym' if self.symmetric else ''}"
+        if self.planes:
+            w += " planes"
         return (f"x {str(self.dtype).replace('torch.', '')} (M={self.m}, K={self.k}) @ w {w} (N={self.n}, K={self.k})"
                 f"{' + bias' if self.has_bias else ''} {self.device_type}")
 
@@ -97,6 +106,7 @@ def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Opti
     if isinstance(w, QuantizedWeight):
         n, k = w.shape
         bits, group, symmetric = w.bits, w.group, w.symmetric
+        layout = w.layout
         w_device = w.device
     elif isinstance(w, torch.Tensor):
         if w.dim() != 2:
@@ -106,6 +116,7 @@ def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Opti
             raise TypeError(f"a dense w must have x's dtype {x.dtype}, got {w.dtype}")
         n, k = w.shape
         bits, group, symmetric = 0, 0, False
+        layout = "rows"
         w_device = w.device
     else:
         raise TypeError(f"w must be a QuantizedWeight or a torch.Tensor, got {type(w).__name__}")
@@ -131,5 +142,5 @@ def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Opti
     if not note and x.numel() and x2.data_ptr() != x.data_ptr():
         note = "x copied: its leading dimensions do not flatten to one stride"
     m = x2.shape[0]
-    problem = LinearProblem(x.dtype, m, n, k, bits, group, symmetric, bias is not None, x.device.type)
+    problem = LinearProblem(x.dtype, m, n, k, bits, group, symmetric, bias is not None, x.device.type, layout)
     return LinearCall(problem, x2, w, bias, out_shape, note)

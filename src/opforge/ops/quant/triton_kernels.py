@@ -20,6 +20,11 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
   read from DRAM about once.
 
+* ``planes`` (int4 weights repacked by ``weight.repack``, M 5..255, and M <= 4 with groups
+  under 128; off unless a weight is repacked): ``planes._planes_kernel``, see there. The GEMV
+  and dequantize kernels read the planes layout too (``PLANES``), so a repacked weight keeps
+  the decode variant at M <= 4 and dequant+cuBLAS from 256 rows.
+
 * ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``; also int4 at M 17..64 with
   N*K <= ``problem.DEQUANT_SMALL_NK``): ``_dequant_kernel`` writes the weight in x's dtype (one
   pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the dequantized weight
@@ -63,8 +68,10 @@ from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import problem as qproblem
-from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
+from .config import GEMV_MAX_M, GEMV_ROWS, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
+from .kernel_parts import _codes_as_float, _combine, _counters, _store
+from .planes import launch_planes, supports_planes
 from .problem import LinearCall, LinearProblem
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -99,26 +106,6 @@ def _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS: tl.constexp
         w_off = rows.to(tl.int64)[:, None] * stride_w + ks[None, :]
         codes = tl.load(w_ptr + w_off, mask=n_mask[:, None] & (ks < K)[None, :], other=0).to(tl.int32)
     return codes
-
-
-@triton.jit
-def _codes_as_float(codes, MODE: tl.constexpr):
-    """Codes (int32, < 256) as floats without integer-to-float conversions (a quarter-rate
-    instruction on recent GPUs): OR-ing a code into the low mantissa bits of a power of two
-    gives that power plus the code, exactly.
-
-    MODE 0: float32, ``2**23 + code - 2**23`` = code. MODE 1 (codes < 128): bfloat16 ``128 + code``.
-    MODE 2 (codes < 1024): float16 ``1024 + code``. MODE 3: float32 code rounded to bfloat16
-    (exact for codes < 256). Modes 1 and 2 keep the offset: the caller adds it to the zero."""
-    if MODE == 1:
-        out = (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif MODE == 2:
-        out = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-    elif MODE == 3:
-        out = ((codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(tl.bfloat16)
-    else:
-        out = (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    return out   # one return: compiled Triton wants one return type per function
 
 
 @triton.jit
@@ -186,38 +173,6 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
 
 
 @triton.jit
-def _store(res, ms, m_mask, rows, n_mask, pid_k, tile, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
-           HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr):
-    """Write a (BLOCK_M, BLOCK_N) float32 result: with the bias added, cast, to the output; or
-    (PARTIAL) to this split's slice of the workspace. With FIXUP, the split that finishes a tile
-    last (a per-tile counter, taken with an acq_rel atomic after a barrier) adds the tile's
-    partials in split order, writes the output and resets the counter to 0 for the next call."""
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    if PARTIAL:
-        off = (pid_k * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-        tl.store(ws_ptr + off, res, mask=out_mask)
-        if FIXUP:
-            tl.debug_barrier()                                       # every thread's partial is written
-            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-            if done == n_splits - 1:
-                base = ms.to(tl.int64)[:, None] * N + rows[None, :]
-                total = tl.zeros_like(res)
-                part = ws_ptr + base
-                for _ in range(n_splits):
-                    total += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")  # L2: other SMs wrote them
-                    part += M * N
-                if HAS_BIAS:
-                    total += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-                tl.store(out_ptr + base, total.to(out_ptr.dtype.element_ty), mask=out_mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0)
-    else:
-        if HAS_BIAS:
-            res += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        off = ms.to(tl.int64)[:, None] * N + rows[None, :]
-        tl.store(out_ptr + off, res.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-
-@triton.jit
 def _unpack(src, i: tl.constexpr, BITS: tl.constexpr, LOP3: tl.constexpr):
     """Code ``i`` of each word as float32, from ``src`` (the word for the low half of its codes,
     the word shifted right by 16 for the high half): masked in place at bit ``BITS * p`` and
@@ -238,11 +193,25 @@ def _unpack(src, i: tl.constexpr, BITS: tl.constexpr, LOP3: tl.constexpr):
 
 
 @triton.jit
+def _code_columns(wj, i: tl.constexpr, PACK: tl.constexpr, PLANES: tl.constexpr):
+    """The columns of code ``i`` of words ``wj``: ``PACK * wj + i`` in the rows layout; in the
+    planes layout (int4, ``weight.pack_planes``) column ``128 * (wj // 16) + 16 * i + wj % 16``.
+    Word tiles and K splits of the GEMV are whole 128-code chunks (BLOCK_K a multiple of 128), so
+    a tile covers the same columns, and (groups of >= 128) the same groups, in either layout."""
+    if PLANES:
+        cols = (wj // 16) * 128 + (wj % 16) + 16 * i
+    else:
+        cols = wj * PACK + i
+    return cols
+
+
+@triton.jit
 def _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words, w_start, w_end,
               BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-              LOP3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              LOP3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PLANES: tl.constexpr = False):
     """One row of x: (BLOCK_N,) float32 dot products over words w_start .. w_end (2-D tiles only:
-    x is a strided (WORDS,) load per code position, broadcast over the tile's rows)."""
+    x is a strided (WORDS,) load per code position, broadcast over the tile's rows). PLANES: the
+    planes layout (``_code_columns``)."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
     WORDS: tl.constexpr = BLOCK_K // PACK
@@ -258,7 +227,7 @@ def _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words,
         t = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
         xs = tl.zeros((WORDS,), dtype=tl.float32)
         for i in tl.static_range(PACK):
-            xi = tl.load(x_ptr + wj * PACK + i, mask=j_mask, other=0.0).to(tl.float32)
+            xi = tl.load(x_ptr + _code_columns(wj, i, PACK, PLANES), mask=j_mask, other=0.0).to(tl.float32)
             xs += xi
             if i < HALF:
                 ci = _unpack(packed, i, BITS, LOP3)
@@ -288,7 +257,8 @@ def _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words,
 @triton.jit
 def _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask, N, k_words, stride_xm, w_start,
                w_end, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
-               LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PLANES: tl.constexpr = False):
     """BLOCK_M rows of x: (BLOCK_M, BLOCK_N) float32 results, on (BLOCK_M, BLOCK_N, WORDS) tiles."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
@@ -304,12 +274,13 @@ def _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask
         packed = tl.load(words_ptr + row_off[None, :, :] + wj[None, None, :],
                          mask=n_mask[None, :, None] & j_mask[None, None, :], other=0)   # (1, BLOCK_N, WORDS)
         hi = packed >> 16
-        x_off = (wj * PACK)[None, None, :]
+        x_off = wj[None, None, :]
         x_mask = m_mask[:, None, None] & j_mask[None, None, :]
         t = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
         xs = tl.zeros((BLOCK_M, 1, WORDS), dtype=tl.float32)
         for i in tl.static_range(PACK):
-            xi = tl.load(x_rows + x_off + i, mask=x_mask, other=0.0).to(tl.float32)   # (BLOCK_M, 1, WORDS)
+            xi = tl.load(x_rows + _code_columns(x_off, i, PACK, PLANES), mask=x_mask,
+                         other=0.0).to(tl.float32)   # (BLOCK_M, 1, WORDS)
             xs += xi
             if i < HALF:
                 ci = _unpack(packed, i, BITS, LOP3)
@@ -341,10 +312,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
                  words_per_split, n_splits, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
                  LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr = False):
-    """BLOCK_M (1..16) rows of x by FMAs, no tensor cores. The weight is read as int32 words
-    (int4: 8 codes, int8: 4) in a (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was
-    loaded in (16-byte loads: the loop runs over word indices, so their alignment is known).
+                 PDL: tl.constexpr = False, PLANES: tl.constexpr = False):
+    """BLOCK_M (1..16) rows of x by FMAs, no tensor cores (PLANES: int4 in the planes layout,
+    ``_code_columns``). The weight is read as int32 words (int4: 8 codes, int8: 4) in a
+    (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was loaded in (16-byte loads:
+    the loop runs over word indices, so their alignment is known).
     Codes are never shifted down: code ``i`` sits at bit ``BITS * p`` (p = i mod PACK/2) of the
     word or of the word shifted right by 16 (one shift per word); masked in place and OR-ed with
     the exponent of 2**(23 - BITS*p), it is the float 2**(23 - BITS*p) + code exactly, so one
@@ -363,56 +335,66 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     w_end = tl.minimum(k_words, w_start + words_per_split)
     if BLOCK_M == 1:
         res = _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words, w_start, w_end, BITS,
-                        GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_N, BLOCK_K)[None, :]
+                        GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_N, BLOCK_K, PLANES)[None, :]
     else:
         res = _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask, N, k_words, stride_xm,
-                         w_start, w_end, BITS, GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_M, BLOCK_N, BLOCK_K)
+                         w_start, w_end, BITS, GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_M, BLOCK_N, BLOCK_K, PLANES)
     _store(res, ms, m_mask, rows, n_mask, pid_k, pid_n, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
 
 
 @triton.jit
-def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """out = sum over splits of the float32 partials (in split order), + bias, cast."""
-    pdl.wait_for_previous(PDL)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, k_words, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
+                    PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PLANES: tl.constexpr = False):
+    """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group
+    (PLANES: the planes layout, ``_dequant_planes``)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    if PLANES:
+        _dequant_planes(w_ptr, s_ptr, z_ptr, out_ptr, rows, n_mask, N, K, stride_w, GROUP, PER_ROW, SYMMETRIC,
+                        BLOCK_N)
+    else:
+        k0 = tl.program_id(1) * BLOCK_K
+        ks = k0 + tl.arange(0, BLOCK_K)
+        codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
+        g = 0 if PER_ROW else k0 // GROUP
+        s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        if SYMMETRIC:
+            z = tl.full((BLOCK_N,), 2 ** (BITS - 1), tl.float32)
+        else:
+            z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        w = (_codes_as_float(codes, 0) - z[:, None]) * s[:, None]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=n_mask[:, None] & (ks < K)[None, :])
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, k_words, stride_w, BITS: tl.constexpr, GROUP: tl.constexpr,
-                    PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[n, k] = (code - zero) * scale in float32, cast to out's dtype; BLOCK_K within one group."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = tl.program_id(1) * BLOCK_K
-    n_mask = rows < N
-    ks = k0 + tl.arange(0, BLOCK_K)
-    codes = _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS, BLOCK_N, BLOCK_K)
-    g = 0 if PER_ROW else k0 // GROUP
-    s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
-    if SYMMETRIC:
-        z = tl.full((BLOCK_N,), 2 ** (BITS - 1), tl.float32)
-    else:
-        z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
-    w = (_codes_as_float(codes, 0) - z[:, None]) * s[:, None]
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w.to(out_ptr.dtype.element_ty),
-             mask=n_mask[:, None] & (ks < K)[None, :])
+def _dequant_planes(w_ptr, s_ptr, z_ptr, out_ptr, rows, n_mask, N, K, stride_w, GROUP: tl.constexpr,
+                    PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dequantize kernel's program for one 128-code chunk of the planes layout (program_id 1):
+    a (BLOCK_N, 16) word tile, nibble ``i`` of it stored as columns 16i .. 16i+15, each plane with
+    its own group's scale and zero (any group >= 16)."""
+    q = tl.program_id(1)
+    c16 = tl.arange(0, 16)
+    words = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + (q * 16 + c16)[None, :], mask=n_mask[:, None],
+                    other=0)
+    for i in tl.static_range(8):
+        k0 = q * 128 + 16 * i
+        g = 0 if PER_ROW else k0 // GROUP
+        s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        if SYMMETRIC:
+            z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        else:
+            z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+        w = (_codes_as_float((words >> (4 * i)) & 0xF, 0) - z[:, None]) * s[:, None]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + (k0 + c16)[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=n_mask[:, None])
 
 
 _qmm = TritonLauncher(_qmm_kernel)
 _dequant = TritonLauncher(_dequant_kernel)
 _gemv = TritonLauncher(_gemv_kernel)
-_combine = TritonLauncher(_combine_kernel)
-
-
-_counters = alloc.tile_counters   # per device and stream, left at zero by every launch
 
 
 def launch(call: LinearCall) -> torch.Tensor:
@@ -440,6 +422,9 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         raise ValueError(f"the GEMV kernel takes M <= BLOCK_M <= {GEMV_MAX_M} (and int8 K % 4 == 0)")
     if not use_dot and not per_row and w.group < block_k and block_k % w.group:
         raise ValueError(f"the GEMV kernel needs BLOCK_K ({block_k}) and the group ({w.group}) to divide one another")
+    if w.layout == "planes" and (use_dot or block_k % 128 or not (per_row or w.group >= 128)):
+        raise ValueError("a planes-layout weight runs here only in the GEMV kernel, with BLOCK_K a multiple of 128 "
+                         f"and groups of at least 128 (got {config}, group {w.group})")
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
     # partials cost 8 bytes per split and output element (written, read back): at most half the weight's bytes
@@ -465,7 +450,7 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // pack,
                                  x.stride(0), p.k // pack, k_per_split // pack, split, w.bits, w.group, per_row,
                                  w.symmetric, has_bias, split > 1, fixup, not triton_interpreting(), block_m, block_n,
-                                 block_k, dependent),
+                                 block_k, dependent, w.layout == "planes"),
               num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         target = ws
@@ -478,11 +463,13 @@ def dequantize(w, dtype: torch.dtype) -> torch.Tensor:
     """The (N, K) weight ``(code - zero) * scale`` (float32, then cast to ``dtype``) by a Triton kernel."""
     n, k = w.shape
     per_row = w.group_size == -1 or w.group >= k
-    block_k = min(_pow2_le(k if per_row else w.group), 128)
+    planes = w.layout == "planes"      # one program per 128-code chunk
+    block_k = 128 if planes else min(_pow2_le(k if per_row else w.group), 128)
     out = alloc.empty((n, k), dtype, w.device)
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
     _dequant((cdiv(n, 32), cdiv(k, block_k)), (w.packed, w.scales_t, zeros, out, n, k, k // 8, w.packed.stride(0),
-                                                w.bits, w.group, per_row, w.symmetric, 32, block_k), num_warps=4)
+                                                w.bits, w.group, per_row, w.symmetric, 32, block_k, planes),
+             num_warps=4)
     return out
 
 
@@ -504,11 +491,36 @@ def _dtype_reason(p: LinearProblem):
     return None
 
 
+def _rows_reason(p: LinearProblem):
+    """Why the rows-layout kernels cannot run ``p`` (the dtype and K checks, and the layout)."""
+    if p.planes:
+        return "the weight is in the planes layout: the planes variant reads it"
+    return _dtype_reason(p)
+
+
 def supports_decode(p: LinearProblem):
+    if p.planes:
+        return _planes_gemv_reason(p)
     return _dtype_reason(p) or (None if p.decode else f"M={p.m} rows > 16: the prefill variant's")
 
 
+def _planes_gemv_reason(p: LinearProblem):
+    """A planes-layout weight runs in the decode variant only through the GEMV kernel (M up to
+    ``config.GEMV_ROWS``, groups of at least one 128-code chunk; ``_code_columns``)."""
+    reason = _dtype_reason(p)
+    if reason:
+        return reason
+    if p.m > GEMV_ROWS or not (p.group >= 128 or p.group >= p.k):
+        return (f"the weight is in the planes layout: the decode variant reads it with the GEMV kernel "
+                f"(M <= {GEMV_ROWS}, groups >= 128), not at M={p.m} with group {p.group}")
+    return None
+
+
 def supports_dequant_gemm(p: LinearProblem):
+    if p.planes:   # the dequantize kernel reads the planes layout; from DEQUANT_GEMM_MIN_M rows only
+        large = None if p.large else (f"the weight is in the planes layout: dequant+cuBLAS takes it from "
+                                      f"M={qproblem.DEQUANT_GEMM_MIN_M} rows, not M={p.m}")
+        return _dtype_reason(p) or large
     return _dtype_reason(p) or (None if p.dequant_gemm else _not_dequant_gemm_reason(p))
 
 
@@ -518,10 +530,13 @@ def _not_dequant_gemm_reason(p: LinearProblem) -> str:
 
 
 def supports_prefill(p: LinearProblem):
-    return _dtype_reason(p)
+    return _rows_reason(p)
 
 
 VARIANTS = (
+    ("planes", supports_planes, launch_planes,
+     "int4 weights repacked into the planes layout (weight.repack): nibble i of a word tile is one "
+     "MMA K step, unpacked in the operand's registers; any M (made for 2..64); off unless repacked"),
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
      "M >= 256, also int4 M 17..64 with N*K <= 8*2**20: weight dequantized "

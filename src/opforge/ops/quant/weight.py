@@ -18,6 +18,13 @@ _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FP16_MIN_NORMAL = 2.0 ** -14
 _FP16_MAX = 65504.0
 _NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)   # code i of a word sits at bits 4i..4i+3
+#: How int4 codes sit in their words (``QuantizedWeight.layout``). ``rows``: word ``j`` holds codes
+#: ``8j .. 8j+7``. ``planes`` (``repack``): per chunk of ``PLANE_CHUNK`` codes of a row, word ``c``
+#: (0..15) of the chunk holds at nibble ``i`` the code of column ``16i + c``, so nibble ``i`` of a
+#: (rows, 16 words) tile is the (rows, 16) block of columns ``16i .. 16i+15``: a whole tensor-core
+#: K step, unpacked where the word was loaded (no reshape, no trip through shared memory).
+LAYOUTS = ("rows", "planes")
+PLANE_CHUNK = 128
 
 
 def check_bits(bits: object) -> int:
@@ -84,6 +91,63 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return c.reshape(n, words * 8)
 
 
+def _planes_view(n: int, k: int) -> tuple[int, int, int, int]:
+    return n, k // PLANE_CHUNK, 8, PLANE_CHUNK // 8      # (row, chunk, nibble i, word c)
+
+
+def pack_planes(codes: torch.Tensor) -> torch.Tensor:
+    """int4 codes (N, K), K a multiple of ``PLANE_CHUNK`` -> int32 words (N, K/8) in the
+    ``planes`` layout: word ``16q + c`` holds at bits ``4i .. 4i+3`` the code of column
+    ``128q + 16i + c``.
+
+    Example:
+        >>> c = torch.arange(128).remainder(16).view(1, 128)   # column k holds k % 16
+        >>> hex(pack_planes(c)[0, 3].item() & 0xFFFFFFFF)      # columns 3, 19, .., 115: all code 3
+        '0x33333333'
+    """
+    n, k = codes.shape
+    c = codes.to(torch.int32).reshape(_planes_view(n, k)) << _NIBBLE_SHIFTS.to(codes.device).view(8, 1)
+    return c.sum(dim=2, dtype=torch.int32).reshape(n, k // 8).contiguous()
+
+
+def unpack_planes(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_planes``: (N, K) int32 codes.
+
+    Example:
+        >>> c = torch.randint(0, 16, (3, 256))
+        >>> torch.equal(unpack_planes(pack_planes(c)), c.int())
+        True
+    """
+    n, words = packed.shape
+    w = packed.reshape(n, words // 16, 1, 16)
+    c = (w >> _NIBBLE_SHIFTS.to(packed.device).view(8, 1)) & 0xF
+    return c.reshape(n, words * 8)
+
+
+def _check_layout(layout: object, bits: int, k: int) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "planes" and (bits != 4 or k % PLANE_CHUNK):
+        raise ValueError(f"the planes layout takes int4 weights with K a multiple of {PLANE_CHUNK}, "
+                         f"got int{bits} with K={k}")
+    return str(layout)
+
+
+def _group_words(scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor], bits: int) -> torch.Tensor:
+    """One int32 per group and row for the planes kernel: the scale as float32 (a 16-bit scale
+    leaves its low 13 mantissa bits 0) OR the integer zero (< 16) in bits 0..3, so one 4-byte
+    word, which the kernel's pipeline can copy ahead, carries both; ``word & ~15`` is the scale
+    exactly, ``word & 15`` the zero.
+
+    Example:
+        >>> w = _group_words(torch.tensor([[0.25]], dtype=torch.float16), torch.tensor([[3.0]], dtype=torch.float16), 4)
+        >>> hex(w.item()), torch.tensor([w.item() & ~15], dtype=torch.int32).view(torch.float32).item()
+        ('0x3e800003', 0.25)
+    """
+    zero = torch.full_like(scales_t, 2 ** (bits - 1), dtype=torch.int32) if zeros_t is None else zeros_t.to(torch.int32)
+    return (scales_t.to(torch.float32).view(torch.int32) | zero).contiguous()
+
+
 class QuantizedWeight:
     """A (N, K) weight as ``bits``-bit codes, with a scale (and zero) per ``group_size`` elements of a row.
 
@@ -96,6 +160,11 @@ class QuantizedWeight:
         group_size: as given (``-1``: one group per row); ``group`` is the effective size.
         shape: ``(N, K)``.
         packed: the stored codes (int4: int32 (N, K/8); int8: uint8 (N, K)).
+        layout: how int4 codes sit in their words, ``"rows"`` (``pack_codes``) or ``"planes"``
+            (``pack_planes``, made by ``repack``; only the Triton ``planes`` variant reads it).
+        group_words: planes layout: (K/group, N) int32, per group and row the float32 scale's
+            bits OR the zero (``_group_words``; what the planes kernel reads; derived from scales
+            and zeros, not saved; built by the constructor unless passed), else None.
         scales_t: (K/group, N) scales, float16/bfloat16/float32, transposed so that a kernel
             reads the scales of N-consecutive rows with one contiguous load.
         zeros_t: (K/group, N) zeros in code units, scales' dtype, or None (symmetric: 2**(bits-1)).
@@ -108,10 +177,17 @@ class QuantizedWeight:
     """
 
     def __init__(self, packed: torch.Tensor, scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor],
-                 bits: int, group_size: int, shape: tuple[int, int]):
+                 bits: int, group_size: int, shape: tuple[int, int], layout: str = "rows",
+                 group_words: Optional[torch.Tensor] = None):
         self.packed, self.scales_t, self.zeros_t = packed, scales_t, zeros_t
         self.bits, self.group_size, self.shape = bits, group_size, (int(shape[0]), int(shape[1]))
         self.group = self.shape[1] if group_size == -1 else group_size
+        self.layout = layout
+        # planes: built here unless given (a module that keeps them as a buffer passes them, so
+        # rebuilding the weight per call costs no conversion)
+        if layout == "planes" and group_words is None:
+            group_words = _group_words(scales_t, zeros_t, bits)
+        self.group_words = group_words if layout == "planes" else None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -174,6 +250,10 @@ class QuantizedWeight:
         check_bits(bits)
         _check_k(k, bits)
         group = check_group_size(group_size, k)
+        index = int(d.get("layout", 0))     # absent in weights saved before layouts existed: rows
+        if not 0 <= index < len(LAYOUTS):
+            raise ValueError(f"layout must be an index into {LAYOUTS}, got {index}")
+        layout = _check_layout(LAYOUTS[index], bits, k)
         packed = d["qweight"]
         want = (n, k // 8) if bits == 4 else (n, k)
         want_dtype = torch.int32 if bits == 4 else torch.uint8
@@ -184,7 +264,7 @@ class QuantizedWeight:
         if zeros is not None:
             zeros = _check_group_tensor("zeros", zeros, (n, k // group), packed.device)
         return cls(packed.contiguous(), scales.t().contiguous(),
-                   None if zeros is None else zeros.t().contiguous(), bits, group_size, (n, k))
+                   None if zeros is None else zeros.t().contiguous(), bits, group_size, (n, k), layout)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors and ints: ``qweight`` (the packed codes), ``scales`` (N, K/group), ``zeros``
@@ -192,10 +272,13 @@ class QuantizedWeight:
 
         The tensors are contiguous (scales and zeros are copied out of their transposed storage),
         so ``safetensors`` can save them; ints must become 0-d tensors there, which
-        ``from_state_dict`` accepts back."""
+        ``from_state_dict`` accepts back. A repacked weight adds ``layout``, its index in
+        ``LAYOUTS`` (an int, so that safetensors can hold it; absent means ``rows``)."""
         d: dict[str, Any] = {"qweight": self.packed, "scales": self.scales.contiguous(), "bits": self.bits,
                              "group_size": self.group_size, "out_features": self.shape[0],
                              "in_features": self.shape[1]}
+        if self.layout != "rows":
+            d["layout"] = LAYOUTS.index(self.layout)
         if self.zeros_t is not None:
             d["zeros"] = self.zeros.contiguous()
         return d
@@ -226,11 +309,14 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes stored: packed codes, scales and zeros."""
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_t, self.zeros_t) if t is not None)
+        """Bytes stored: packed codes, scales and zeros (and the planes layout's group words)."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_t, self.zeros_t, self.group_words)
+                   if t is not None)
 
     def codes(self) -> torch.Tensor:
-        """The (N, K) integer codes (int32)."""
+        """The (N, K) integer codes (int32), whatever the layout."""
+        if self.layout == "planes":
+            return unpack_planes(self.packed)
         return unpack_codes(self.packed, self.bits)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -259,7 +345,8 @@ class QuantizedWeight:
         """
         pick = (lambda t: None if t is None else t.index_select(1, index).contiguous())
         return QuantizedWeight(self.packed.index_select(0, index).contiguous(), pick(self.scales_t),
-                               pick(self.zeros_t), self.bits, self.group_size, (int(index.numel()), self.shape[1]))
+                               pick(self.zeros_t), self.bits, self.group_size, (int(index.numel()), self.shape[1]),
+                               self.layout)
 
     @classmethod
     def concat(cls, weights: "list[QuantizedWeight]") -> "QuantizedWeight":
@@ -279,11 +366,12 @@ class QuantizedWeight:
         k = weights[0].shape[1]
         if any(w.shape[1] != k for w in weights):
             raise ValueError(f"concat needs one K, got {[w.shape for w in weights]}")
-        forms = {(w.bits, w.group, w.symmetric, w.scales_t.dtype) for w in weights}
-        if len(forms) == 1:
+        forms = {(w.bits, w.group, w.symmetric, w.scales_t.dtype, w.layout) for w in weights}
+        if len(forms) == 1:   # the layout is per row: rows of one layout join as they are
             zeros = None if weights[0].symmetric else torch.cat([w.zeros_t for w in weights], dim=1)
             return cls(torch.cat([w.packed for w in weights]), torch.cat([w.scales_t for w in weights], dim=1),
-                       zeros, weights[0].bits, weights[0].group_size, (sum(w.shape[0] for w in weights), k))
+                       zeros, weights[0].bits, weights[0].group_size, (sum(w.shape[0] for w in weights), k),
+                       weights[0].layout)
         bits, group = max(w.bits for w in weights), min(w.group for w in weights)
         codes, scales, zeros = [], [], []
         for w in weights:
@@ -304,13 +392,53 @@ class QuantizedWeight:
             return self
         move = (lambda t: None if t is None else t.to(device))
         return QuantizedWeight(move(self.packed), move(self.scales_t), move(self.zeros_t), self.bits,
-                               self.group_size, self.shape)
+                               self.group_size, self.shape, self.layout, move(self.group_words))
 
     def __repr__(self) -> str:
         n, k = self.shape
         kind = "symmetric" if self.symmetric else "asymmetric"
+        if self.layout != "rows":
+            kind += f", layout={self.layout}"
         return (f"QuantizedWeight(int{self.bits}, ({n}, {k}), group_size={self.group_size}, {kind}, "
                 f"scales={str(self.scales_t.dtype).replace('torch.', '')}, {self.nbytes} bytes, {self.device})")
+
+
+def repack(w: QuantizedWeight, layout: str) -> QuantizedWeight:
+    """The same weight with its int4 codes in ``layout`` (``LAYOUTS``); scales and zeros shared.
+
+    ``planes`` is what the Triton ``planes`` variant of ``linear`` reads (M 5..255; the GEMV
+    reads it at M <= 4 with groups of >= 128, the dequantize kernel from 256 rows, the torch path
+    always; the rows dot kernel and Metal do not). Off unless a weight is repacked. It needs int4,
+    K a multiple of ``PLANE_CHUNK``, integer zeros in [0, 16) (the kernel subtracts the zero from
+    the code in x's 16-bit dtype, exactly; ``quantize_weight``'s zeros are integers) and float16
+    or bfloat16 scales (``quantize_weight``'s, unless out of float16's range): each group's scale
+    and zero travel in one int32 word (``group_words``). ``rows`` undoes it. Raises
+    ``ValueError`` naming what does not fit.
+
+    Example:
+        >>> import torch
+        >>> qw = quantize_weight(torch.randn(8, 256), bits=4, group_size=128)
+        >>> pw = repack(qw, "planes")
+        >>> pw.layout, torch.equal(pw.dequantize(), qw.dequantize()), torch.equal(repack(pw, "rows").packed, qw.packed)
+        ('planes', True, True)
+    """
+    if not isinstance(w, QuantizedWeight):
+        raise TypeError(f"w must be a QuantizedWeight, got {type(w).__name__}")
+    layout = _check_layout(layout, w.bits, w.shape[1])
+    if layout == w.layout:
+        return w
+    if layout == "planes" and w.scales_t.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"the planes layout needs float16 or bfloat16 scales (their float32 form leaves 4 bits "
+                         f"for the zero), got {w.scales_t.dtype}")
+    if layout == "planes" and w.zeros_t is not None:
+        z = w.zeros_t
+        bad = (z != z.round()) | (z < 0) | (z >= 16)
+        if bool(bad.any()):
+            g, n = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"the planes layout needs integer zeros in [0, 16); zeros[{n}, {g}] is {z[g, n].item()}")
+    codes = w.codes()
+    packed = pack_planes(codes) if layout == "planes" else pack_codes(codes, w.bits)
+    return QuantizedWeight(packed, w.scales_t, w.zeros_t, w.bits, w.group_size, w.shape, layout)
 
 
 def _check_group_tensor(name: str, t: object, shape: tuple[int, int], device: torch.device) -> torch.Tensor:

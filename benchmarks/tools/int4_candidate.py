@@ -1,0 +1,238 @@
+"""The int4 ``planes`` candidate (weights repacked by ``opforge.ops.quant.repack``, the Triton
+``planes`` variant) against today's default int4 path and cuBLAS bf16, at batched-decode M.
+
+1. Check: at the nine 1B/8B projection shapes and M = 2, 4, 8, 16, 32, 64 (bf16 x), the
+   candidate's output against ``x.double() @ w.dequantize(float64).T`` (within bf16's tolerance),
+   and its other forms (plain-op unpack, in-kernel split reduction, other splits and stages,
+   fp16 x) at M = 16 and 64. (At M <= 4 a planes weight runs the decode variant's GEMV, which
+   reads the planes layout: "planes" there is that GEMV, "planes mma" the planes kernel.)
+   A candidate form that fails is not timed (it is a result, in ``errors``).
+2. Time, as ``gpu_decode_breakdown.py``'s sweep does (its ``graph_us``): a CUDA graph of L
+   launches over L different weights (>= 160 MB in all, L2-cold), same x; time per launch =
+   replay / L. Per shape and M: cuBLAS bf16 ``F.linear``, ``opforge.linear`` on the rows-layout
+   weight (today's default), ``opforge.linear`` on the planes weight (the candidate's default
+   tiles), and the candidate's other forms. M = 16 and 64 first (the targets), then 1, 2, 4, 8,
+   32 while the budget lasts.
+3. A table (speed as a multiple of cuBLAS bf16) and the targets (>= 2.2x at M = 16, >= 1.6x at
+   M = 64 on all nine shapes), for the default and the candidate. JSON to ``$OUT/int4_candidate.json``.
+
+    PYTHONPATH=src python3 benchmarks/tools/int4_candidate.py                 # H100: under 3 minutes
+    PYTHONPATH=src python3 benchmarks/tools/int4_candidate.py --cpu-smoke     # the logic, interpreter
+    PYTHONPATH=src python3 benchmarks/tools/int4_candidate.py --ptx           # sm_90 compile report, no GPU
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+if "--cpu-smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+import torch.nn.functional as F
+
+import opforge
+from gpu_check_quant import oracle
+from gpu_decode_breakdown import SHAPES_1B, SHAPES_8B, copies_for, graph_us, write_json
+from opforge.ops.quant import planes, repack
+from opforge.ops.quant.problem import prepare
+from opforge.testing import TOLERANCE, rel_error
+
+TARGETS = {16: 2.2, 64: 1.6}
+ROWS_FIRST = (16, 64)
+ROWS_LATER = (1, 2, 4, 8, 32)   # M <= 4: "planes" is the GEMV reading the planes layout
+#: The candidate's forms besides its default: name -> launch_planes keyword arguments, and the
+#: rows they are timed at (the default tiles are always timed).
+FORMS: dict[str, tuple[dict, tuple]] = {
+    "planes mma": ({}, (2, 4)),   # the planes kernel itself where the GEMV takes the planes layout
+    "planes no-asm": ({"asm": False}, (16, 64)),
+    "planes fixup": ({"fixup": True}, (16, 64)),
+    "planes pps2": ({"programs_per_sm": 2}, (16,)),
+    "planes pps8": ({"programs_per_sm": 8}, (16,)),
+    "planes (64,4,3) pps3": ({"config": (64, 64, 4, 3, 3)}, (64,)),
+    "planes pps4": ({"programs_per_sm": 4}, (64,)),
+    "planes bm64 (128,8,3)": ({"config": (64, 128, 8, 3, 2)}, (32,)),
+    "planes (128,8,4)": ({"config": (32, 128, 8, 4, 2)}, (32,)),
+    # 256 features: x re-read half as often again (at M = 64 about 2 bytes of x per weight byte
+    # with 128 features); 255 registers x 256 threads: one program per SM
+    "planes (256,8,3) pps1": ({"config": (64, 256, 8, 3, 1)}, (64,)),
+    "planes s3": ({"config": (16, 64, 4, 3)}, (16,)),
+    "planes s6": ({"config": (16, 64, 4, 6)}, (16,)),
+}
+RESULTS: dict[str, Any] = {"rows": [], "errors": [], "skipped": [], "checks": []}
+
+
+def check(label: str, fn: Callable[[], torch.Tensor], want: torch.Tensor, dtype: torch.dtype) -> bool:
+    """``fn()`` against the float64 ``want``; the result (or the exception) recorded."""
+    try:
+        err = rel_error(fn(), want)
+    except Exception as exc:   # a form that fails to compile or run is a result, not the end of the run
+        RESULTS["errors"].append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+        return False
+    ok = err < TOLERANCE[dtype]
+    RESULTS["checks"].append({"label": label, "rel_err": err, "ok": ok})
+    if not ok:
+        RESULTS["errors"].append(f"{label}: rel err {err:.3g} >= {TOLERANCE[dtype]}")
+    return ok
+
+
+def form_fn(call: Any, kwargs: dict) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        return planes.launch_planes(call, **kwargs)
+    return run
+
+
+def shape_rows(n: int, k: int, label: str, ms: tuple, device: str, deadline: float, smoke: bool) -> None:
+    """Check, then time, every M of ``ms`` at one (N, K): cuBLAS, the default, the candidate."""
+    gen = torch.Generator(device=device).manual_seed(n * 7 + k)
+    dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+             for _ in range(copies_for(n * k * 2, smoke))]
+    n_q = copies_for(n * k // 2, smoke)
+    qs = [opforge.quantize_weight(torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02,
+                                  bits=4, group_size=128) for _ in range(n_q)]
+    ps = [repack(q, "planes") for q in qs]
+    for m in ms:
+        if time.time() > deadline:
+            RESULTS["skipped"].append(f"{label} M={m}")
+            continue
+        row: dict[str, Any] = {"shape": label, "n": n, "k": k, "m": m, "us": {}}
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
+        want = oracle(x, qs[0])
+        timed: dict[str, list] = {"cublas bf16": [lambda w=w: F.linear(x, w) for w in dense],
+                                  "int4 default": [lambda q=q: opforge.linear(x, q) for q in qs]}
+        if check(f"{label} M={m} planes", lambda: opforge.linear(x, ps[0]), want, torch.bfloat16):
+            timed["planes"] = [lambda p=p: opforge.linear(x, p) for p in ps]
+        calls = [prepare(x, p, None) for p in ps]
+        row["planes_config"] = planes.planes_config(calls[0].problem)
+        for name, (kwargs, rows) in FORMS.items():
+            if m in rows and check(f"{label} M={m} {name}", form_fn(calls[0], kwargs), want, torch.bfloat16):
+                timed[name] = [form_fn(c, kwargs) for c in calls]
+        if m in (16, 64) and label in ("1B qkv", "8B gate_up"):   # fp16 x: the other code offset
+            x16 = x.to(torch.float16)
+            check(f"{label} M={m} planes fp16", lambda: opforge.linear(x16, ps[0]), oracle(x16, qs[0]),
+                  torch.float16)
+        for name, fns in timed.items():
+            if device == "cuda":
+                if name == "int4 default":
+                    graph_us(fns)   # untimed: a weight set's first timing can read slow (gpu_decode_breakdown)
+                row["us"][name] = graph_us(fns)
+            else:
+                for fn in fns[:1]:
+                    fn()
+                row["us"][name] = 0.0
+        base = row["us"]["cublas bf16"]
+        row["speedup"] = {name: (base / us if us else 0.0) for name, us in row["us"].items()}
+        best = min((us, name) for name, us in row["us"].items() if name.startswith("planes"))[::-1] \
+            if any(name.startswith("planes") for name in row["us"]) else (None, None)
+        row["best_planes"] = best[0]
+        RESULTS["rows"].append(row)
+        cells = "  ".join(f"{name} {us:.1f}" for name, us in sorted(row["us"].items(), key=lambda kv: kv[1]))
+        print(f"{label:11s} ({n}x{k}) M={m:2d}: {cells}", flush=True)
+    del dense, qs, ps
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def summary() -> list[str]:
+    """Per M: the range over shapes of default and candidate speed vs cuBLAS, and the targets."""
+    lines = ["", "M   shapes  default x bf16     planes x bf16      best planes form x bf16  target"]
+    for m in sorted({r["m"] for r in RESULTS["rows"]}):
+        rows = [r for r in RESULTS["rows"] if r["m"] == m]
+
+        def span(name: Optional[str] = None) -> str:
+            vals = [r["speedup"].get(name or r["best_planes"] or "", 0.0) for r in rows]
+            return f"{min(vals):.2f}-{max(vals):.2f}" if vals else "-"
+
+        target = TARGETS.get(m)
+        verdict = ""
+        if target is not None:
+            cand = min(r["speedup"].get("planes", 0.0) for r in rows)
+            verdict = f">= {target}x: {'MET' if cand >= target and len(rows) == 9 else 'MISSED'}"
+        lines.append(f"{m:<3d} {len(rows):<7d} {span('int4 default'):18s} {span('planes'):18s} "
+                     f"{span():24s} {verdict}")
+    lines.append("")
+    lines.append("per shape (us): shape M cublas default planes best-form")
+    for r in RESULTS["rows"]:
+        us = r["us"]
+        lines.append(f"  {r['shape']:11s} {r['m']:2d} {us['cublas bf16']:8.1f} {us['int4 default']:8.1f} "
+                     f"{us.get('planes', float('nan')):8.1f} {r['best_planes']}")
+    return lines
+
+
+def ptx_report() -> int:
+    """The candidate's tiles compiled for sm_90 (no GPU): registers, spills, shared memory, and
+    whether the codes stay in registers (no ``local_alloc`` inside the K loop)."""
+    from quant_ptx import report
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    import triton
+
+    kernel = planes._planes_kernel
+    ints = ("M", "N", "stride_xm", "stride_w", "chunks_per_split", "n_chunks", "m_tiles", "n_splits")
+    aligned = ("x_ptr", "w_ptr", "gw_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
+    failures = 0
+    for (block_m, block_n, warps, stages), asm, x, group in [
+            ((16, 64, 4, 4), True, "bf16", 128), ((16, 64, 4, 4), False, "bf16", 128),
+            ((16, 64, 4, 4), True, "fp16", 128), ((16, 64, 4, 4), True, "bf16", 32),
+            ((32, 64, 4, 4), True, "bf16", 128), ((64, 128, 8, 3), True, "bf16", 128),
+            ((64, 64, 4, 3), True, "bf16", 128), ((16, 64, 4, 6), True, "bf16", 128),
+            ((16, 128, 8, 4), True, "bf16", 128), ((32, 128, 8, 4), True, "bf16", 128),
+            ((64, 256, 8, 3), True, "bf16", 128)]:
+        consts = dict(GROUP=group, PER_ROW=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False, F32_DOT=False,
+                      CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm, PDL=False)
+        sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*" + x,
+               "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+        sig.update({a: "i32" for a in ints})
+        sig.update({k: "constexpr" for k in consts})
+        attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+        try:
+            compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
+                                      target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
+                                                                                 "num_stages": stages})
+        except Exception as exc:
+            failures += 1
+            label = f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x} g{group}"
+            print(f"{label}: {type(exc).__name__}: {exc}"[:400])
+            continue
+        ttgir = compiled.asm["ttgir"]
+        loop = ttgir[ttgir.index("scf.for"):]
+        loop = loop[:loop.index("scf.yield")]
+        print(f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x} g{group}: {report(compiled)}, in the K loop "
+              f"{loop.count('ttg.local_alloc')} local_alloc (codes through shared memory), "
+              f"{loop.count('async_copy_global_to_local')} pipelined copies, {loop.count('tt.load')} plain loads",
+              flush=True)
+    return 1 if failures else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--ptx", action="store_true", help="sm_90 compile report of the candidate's tiles only")
+    parser.add_argument("--budget", type=float, default=120.0,
+                        help="no new M row starts after this many seconds (the M = 16/64 pass always completes)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
+    args = parser.parse_args()
+    if args.ptx:
+        return ptx_report()
+    smoke = args.cpu_smoke or not torch.cuda.is_available()
+    device = "cpu" if smoke else "cuda"
+    RESULTS["device"] = "cpu smoke" if smoke else torch.cuda.get_device_name()
+    deadline = time.time() + args.budget
+    shapes = [(96, 256, "smoke")] if smoke else SHAPES_1B + SHAPES_8B
+    for ms in (ROWS_FIRST, ROWS_LATER):
+        for n, k, label in shapes:
+            shape_rows(n, k, label, ms if not smoke else tuple(m for m in ms if m in (2, 16, 64)), device,
+                       deadline, smoke)
+    lines = summary()
+    print("\n".join(lines))
+    RESULTS["summary"] = lines
+    write_json(RESULTS, "int4_candidate.json", args.out)
+    print("errors:", RESULTS["errors"] or "none", "| skipped:", RESULTS["skipped"] or "none")
+    return 1 if RESULTS["errors"] and smoke else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

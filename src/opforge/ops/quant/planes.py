@@ -1,0 +1,244 @@
+"""The ``planes`` Triton variant of ``linear``: int4 weights repacked into the planes layout
+(``weight.repack``), on tensor cores, made for M = 5..64 (up to 255 rows run several M tiles).
+The other kernels read the planes layout where they run better: the decode variant's GEMV at
+M <= 4 with groups of >= 128, dequant+cuBLAS (its dequantize kernel) from 256 rows. Off unless a
+weight is repacked: nothing in opforge repacks by default (unmeasured on a GPU;
+``benchmarks/tools/int4_candidate.py`` measures it).
+
+What bounds the rows-layout dot kernel (``triton_kernels._qmm_kernel``, SWAP+JOIN; H100, CUDA
+graphs over L2-cold weights, at fed7445): M=16 8B gate_up 69 us for 62 MB of packed weight
+(0.9 TB/s of ~3), bf16 84 us; 4 vs 3 pipeline stages and 8 vs 4 warps changed nothing, so it is
+not bytes in flight. Its sm_90 TTGIR, per 128-code step of a 64-feature tile: the codes are
+unpacked in a blocked layout (``tl.join``) and stored to shared memory (16 KB), a barrier, then
+``ldmatrix`` back into the MMA's operand layout; the sum of x over the group (for the zero) is a
+reduction and another layout conversion through shared memory; scales and zeros are plain global
+loads each step waits on (DRAM latency, L2-cold); ~5 issued instructions per code in all.
+
+What this variant changes, each checked in the sm_90 TTGIR/PTX (``int4_candidate.py --ptx``):
+
+* Layout: per 128-code chunk of a row, nibble ``i`` of word ``c`` is column ``16i + c``, so
+  nibble ``i`` of a (64, 16) word tile is the (64, 16) block of columns ``16i .. 16i+15``: one
+  K step of the MMA. The unpack is elementwise, so Triton loads the word tile from shared memory
+  straight into the MMA's A-operand registers (no local_alloc in the K loop).
+* Unpack: two codes per ``prmt`` + ``lop3`` (+ a shift for odd nibbles) and one packed ``sub``
+  of the zero (``_plane_minus_zero``): ~2 instructions per code where the plain ops take ~3.5.
+* Zero before the MMA, exactly: ``(2**7 + code) - (2**7 + zero)`` in x's 16-bit dtype is an
+  integer of at most 5 bits (integer zeros in [0, 16)); no sum of x. The scale multiplies each
+  group's float32 MMA sum: as in the other kernels no dequantized weight is rounded to 16 bits.
+* Scale and zero in one int32 word per group and row (``weight.group_words``, same 4 bytes as
+  the two 16-bit values), a 2-D tile that the software pipeline copies ahead with the codes.
+
+Tiles (``planes_config``): the weight is the MMA's first operand (out^T = W x^T); BLOCK_M the
+power of two >= M (16..64); ``PLANES_TILES`` by BLOCK_M; K split as the other dot kernels,
+partials added by the combine kernel (or, ``fixup``, by the last split in the kernel).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...runtime import alloc
+from ...runtime.backends import triton_interpreting
+from ...runtime.triton import pdl
+from ...runtime.triton.launch import TritonLauncher, cdiv
+from .config import GEMV_ROWS, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
+from .kernel_parts import _codes_as_float, _combine, _counters, _store
+from .problem import LinearCall, LinearProblem
+from .weight import PLANE_CHUNK
+
+#: BLOCK_M of the planes kernel is the power of two >= M within 16..``PLANES_MAX_BLOCK_M``.
+PLANES_MAX_BLOCK_M = 64
+#: (BLOCK_N, num_warps, num_stages, programs per SM that K splits aim at) by BLOCK_M
+#: (``planes_config``), chosen without a GPU from the sm_90 compile (``benchmarks/tools/
+#: int4_candidate.py --ptx``). 16/32 rows: one warpgroup on 64 features, 4 stages (63/87
+#: registers, 29/46 KB shared: 4+ programs fit an SM), splits aiming at 4 programs per SM as the
+#: other dot kernels. 64 rows: two warpgroups on 128 features, which halves the re-reads of x
+#: per weight byte against 64 features, 3 stages (128 registers x 256 threads, 66 KB: 2 programs
+#: per SM fit, so splits aim at 2: more would run a second wave). 16 rows on 128 features with 8
+#: warps sent the codes through shared memory: not used. In each chosen tile the codes' words
+#: go from shared memory straight into the MMA's operand layout (no local_alloc in the K loop).
+PLANES_TILES = {16: (64, 4, 4, 4), 32: (64, 4, 4, 4), 64: (128, 8, 3, 2)}
+
+
+@triton.jit
+def _group_params(gw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr):
+    """Group ``g``'s (0 for one group per row) scales, float32, and zeros, int32, both (BLOCK_N, 1),
+    from one word per row (``weight.group_words``: the float32 scale, whose low 13 bits are 0 for
+    a 16-bit scale, OR the zero). A 2-D tile of 4-byte words: the software pipeline copies it
+    ahead like the codes (sm_90 TTGIR; 1-D loads of 2-byte scales and zeros stay loads each step
+    waits on)."""
+    if PER_ROW:
+        g = 0
+    word = tl.load(gw_ptr + g * N + rows[:, None], mask=n_mask[:, None], other=0)
+    return (word & -16).to(tl.float32, bitcast=True), word & 0xF
+
+
+@triton.jit
+def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: tl.constexpr):
+    """(offset + code of nibble ``i``) - (offset + zero) of each word, in x's 16-bit dtype, exact.
+
+    ASM (sm_90; not under the interpreter): two words per ``prmt``: byte i//2 of each into bytes
+    0 and 2 of one register, a shift by 4 for odd i, one ``lop3`` to mask both nibbles and OR the
+    exponent of the offset into both halves, one packed ``sub`` of the zero: 2 instructions per
+    code (1.5 where ptxas drops the shift by 0), where the plain ops take about 3.5 (each code
+    alone to a 16-bit half, then packed: sm_90 PTX)."""
+    if ASM:
+        # operands: $0 the two results; $1, $2 two words; $3 the two zeros; $4/$5 the prmt
+        # selector, $6/$7 the shift (constants, one per packed element)
+        sel = tl.full(words.shape, (i // 2) | ((i // 2) << 4) | ((4 + i // 2) << 8) | ((4 + i // 2) << 12),
+                      tl.int32)
+        shift = tl.full(words.shape, 4 * (i % 2), tl.int32)
+        if CODE_MODE == 1:
+            out = tl.inline_asm_elementwise(
+                "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
+                "lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.bf16x2 $0, t, $3; }",
+                "=r,r,r,r,r,r,r,r", [words, zc, sel, shift], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            out = tl.inline_asm_elementwise(
+                "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
+                "lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, t, $3; }",
+                "=r,r,r,r,r,r,r,r", [words, zc, sel, shift], dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        out = _codes_as_float((words >> (4 * i)) & 0xF, CODE_MODE) - zc
+    return out
+
+
+@triton.jit
+def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.constexpr, F32_DOT: tl.constexpr,
+                CODE_MODE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """sum over planes ``first .. first+count-1`` of chunk ``q`` of (code - zero) x^T: a float32
+    (BLOCK_N, BLOCK_M) MMA sum. Nibble ``i`` of ``words`` is the A operand of columns 16i .. 16i+15;
+    ``z`` the (BLOCK_N, 1) int32 zeros."""
+    if F32_DOT:       # the interpreter (its bf16 dot is wrong): float32 codes minus the zero
+        zc = z.to(tl.float32)
+    else:             # (offset + zero) in x's dtype, exact (integer zeros < 16): OR-ed like a code
+        zc = _codes_as_float(z, CODE_MODE)
+    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for j in tl.static_range(count):
+        xi = tl.load(x_rows + (q * 128 + 16 * (first + j)), mask=m_mask[:, None], other=0.0)
+        if F32_DOT:
+            a = _codes_as_float((words >> (4 * (first + j))) & 0xF, 0) - zc
+            xi = xi.to(tl.float32)
+        else:
+            a = _plane_minus_zero(words, zc, first + j, CODE_MODE, ASM)
+        part = tl.dot(a, tl.trans(xi), part)
+    return part
+
+
+@triton.jit
+def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
+                   chunks_per_split, n_chunks, m_tiles, n_splits,
+                   GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   ASM: tl.constexpr = False, PDL: tl.constexpr = False):
+    """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
+    one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
+    columns 16i .. 16i+15 against the matching (BLOCK_M, 16) slice of x. Each group's MMA sum
+    (float32) is multiplied by its scales and added to the accumulator."""
+    pdl.wait_for_previous(PDL)
+    PPG: tl.constexpr = 8 if (PER_ROW or GROUP >= 128) else GROUP // 16     # planes per group
+    pid = tl.program_id(0)
+    pid_m = pid % m_tiles
+    pid_n = pid // m_tiles
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = ms < M
+    c16 = tl.arange(0, 16)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w + c16[None, :]
+    x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + c16[None, :]
+    q_start = pid_k * chunks_per_split
+    q_end = tl.minimum(n_chunks, q_start + chunks_per_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for q in range(q_start, q_end):
+        words = tl.load(w_rows + q * 16, mask=n_mask[:, None], other=0)
+        for h in tl.static_range(8 // PPG):                  # the groups of this chunk
+            # loaded in the loop, not a chunk ahead: a zero carried across iterations took a
+            # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
+            s, z = _group_params(gw_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW)
+            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M, BLOCK_N)
+            acc += part * s
+    acc = tl.trans(acc)
+    _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
+
+
+_planes = TritonLauncher(_planes_kernel)
+
+
+def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM) of the planes kernel: BLOCK_M
+    the power of two >= M within 16..64 (more rows run several M tiles), the rest from
+    ``PLANES_TILES``.
+
+    Example:
+        >>> planes_config(LinearProblem(torch.bfloat16, 5, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        (16, 64, 4, 4, 4)
+        >>> planes_config(LinearProblem(torch.bfloat16, 40, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        (64, 128, 8, 3, 2)
+    """
+    block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
+    return (block_m,) + PLANES_TILES[block_m]
+
+
+def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: Optional[int] = None,
+                  fixup: bool = False, asm: Optional[bool] = None) -> torch.Tensor:
+    """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit
+    (BLOCK_M, BLOCK_N, warps, stages[, programs per SM]); K splits aim at ``programs_per_sm``
+    (default: the config's); ``fixup`` adds the split partials in the kernel (the last split of
+    a tile) instead of the combine kernel; ``asm`` unpacks two codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except
+    under the interpreter, which has no inline PTX)."""
+    p, w, x = call.problem, call.w, call.x
+    config = tuple(config or planes_config(p))
+    block_m, block_n, warps, stages = config[:4]
+    pps = programs_per_sm or (config[4] if len(config) > 4 else PROGRAMS_PER_SM)
+    per_row = w.group_size == -1 or w.group >= p.k
+    m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
+    tiles = m_tiles * n_tiles
+    byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
+    split, k_per_split = _split(tiles, p.k, PLANE_CHUNK, x.device, pps, min(MAX_SPLIT, byte_cap))
+    out = alloc.empty((p.m, p.n), x.dtype, x.device)
+    has_bias = call.bias is not None
+    bias = call.bias if has_bias else w.scales_t
+    ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
+    fixup = fixup and split > 1
+    counters = _counters(x.device, tiles) if fixup else ws
+    dependent = pdl.on(x.device)
+    mode, _ = code_mode(4, x.dtype)
+    interpreting = triton_interpreting()
+    asm = not interpreting if asm is None else asm and not interpreting
+    _planes((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
+                             w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
+                             w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
+                             asm, dependent),
+            num_warps=warps, num_stages=stages)
+    if split > 1 and not fixup:
+        mn = p.m * p.n
+        _combine((cdiv(mn, 1024),), (ws, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
+    return out.view(call.out_shape)
+
+
+def supports_planes(p: LinearProblem) -> Optional[str]:
+    """None for a planes-layout weight (``weight.repack``) with float16/bfloat16 x, except where
+    the GEMV kernel reads it (M <= ``config.GEMV_ROWS``, groups of >= 128) or dequant+cuBLAS does
+    (M >= ``problem.DEQUANT_GEMM_MIN_M``), else why not.
+
+    Example:
+        >>> supports_planes(LinearProblem(torch.bfloat16, 16, 64, 256, 4, 128, False, False, "cuda"))
+        'the weight is in the rows layout (weight.repack(w, "planes") makes the planes layout)'
+    """
+    if not p.planes:
+        return f'the weight is in the {p.layout or "rows"} layout (weight.repack(w, "planes") makes the planes layout)'
+    if p.dtype not in (torch.float16, torch.bfloat16):
+        return (f"x is {str(p.dtype).replace('torch.', '')}; the planes kernel takes float16 or bfloat16 "
+                "(float32 and float64 run on the torch path)")
+    if p.m <= GEMV_ROWS and (p.group >= 128 or p.group >= p.k):
+        return f"M={p.m} <= {GEMV_ROWS} with groups of >= 128: the decode variant's GEMV reads the planes layout"
+    if p.large:
+        return f"M={p.m} rows: dequant+cuBLAS (its dequantize kernel reads the planes layout)"
+    return None

@@ -1,0 +1,230 @@
+"""The planes layout of int4 weights (``repack``) and the Triton ``planes`` variant that reads it:
+the layout round-trips, the kernel computes what the weight holds (float64 oracle), only a
+repacked weight selects it, and what does not fit is refused naming the reason."""
+import pytest
+import torch
+
+import opforge
+from opforge.ops.quant import cases, metal, planes, repack, triton_kernels as tk
+from opforge.ops.quant.problem import LinearProblem, prepare
+from opforge.ops.quant.weight import LAYOUTS, QuantizedWeight, pack_codes, pack_planes, unpack_planes
+from opforge.testing import DEVICE, TOLERANCE, rel_error
+
+
+def oracle(x, qw, bias=None):
+    return cases.oracle((x, qw, bias), {})
+
+
+def planes_weight(n, k, group_size=128, symmetric=False, seed=0, device=DEVICE):
+    gen = torch.Generator().manual_seed(seed)
+    qw = opforge.quantize_weight(torch.randn(n, k, generator=gen).mul_(0.05).to(device), 4, group_size, symmetric)
+    return qw, repack(qw, "planes")
+
+
+def run_planes(x, pw, bias=None):
+    with opforge.backend("triton"), opforge.trace() as t:
+        y = opforge.linear(x, pw, bias)
+    assert [(e.backend, e.variant) for e in t] == [("triton", "planes")]
+    return y
+
+
+def test_planes_words_hold_column_16i_plus_c_at_nibble_i():
+    codes = torch.randint(0, 16, (3, 384))
+    packed = pack_planes(codes)
+    for q, i, c in [(0, 0, 0), (0, 7, 15), (1, 3, 9), (2, 5, 2)]:
+        word = int(packed[1, 16 * q + c]) & 0xFFFFFFFF
+        assert (word >> (4 * i)) & 0xF == codes[1, 128 * q + 16 * i + c]
+    assert torch.equal(unpack_planes(packed), codes.int())
+
+
+@pytest.mark.parametrize("group_size, symmetric", [(128, False), (32, True), (-1, False)])
+def test_repack_keeps_the_weight_and_round_trips(group_size, symmetric):
+    qw, pw = planes_weight(16, 256, group_size, symmetric)
+    assert pw.layout == "planes" and qw.layout == "rows" and "layout=planes" in repr(pw)
+    assert not torch.equal(pw.packed, qw.packed)
+    assert torch.equal(pw.codes(), qw.codes()) and torch.equal(pw.dequantize(), qw.dequantize())
+    back = repack(pw, "rows")
+    assert back.layout == "rows" and torch.equal(back.packed, qw.packed)
+    assert repack(pw, "planes") is pw
+
+
+@pytest.mark.parametrize("symmetric, scale_dtype", [(False, torch.float16), (True, torch.bfloat16)])
+def test_group_words_carry_each_scale_and_zero_exactly(symmetric, scale_dtype):
+    """The planes kernel's one word per group and row: the float32 scale's bits OR the zero."""
+    codes = torch.randint(0, 16, (8, 256))
+    scales = (torch.rand(8, 2) * 0.1 + 1e-3).to(scale_dtype)
+    zeros = None if symmetric else torch.randint(0, 16, (8, 2)).to(scale_dtype)
+    pw = repack(QuantizedWeight.from_codes(codes, scales, zeros, 4, 128), "planes")
+    words = pw.group_words
+    assert words.dtype == torch.int32 and words.shape == (2, 8)
+    assert torch.equal((words & ~15).view(torch.float32), scales.t().float())
+    want = torch.full((2, 8), 8) if symmetric else zeros.t().int()
+    assert torch.equal(words & 15, want.int())
+    assert QuantizedWeight.from_codes(codes, scales, zeros, 4, 128).group_words is None
+    assert pw.nbytes == QuantizedWeight.from_codes(codes, scales, zeros, 4, 128).nbytes + words.numel() * 4
+
+
+def test_state_dict_round_trips_the_layout_and_old_dicts_load_as_rows():
+    qw, pw = planes_weight(8, 128, device="cpu")
+    d = pw.state_dict()
+    assert d["layout"] == LAYOUTS.index("planes") and "layout" not in qw.state_dict()
+    d = {k: torch.tensor(v) if isinstance(v, int) else v for k, v in d.items()}   # as safetensors returns ints
+    again = QuantizedWeight.from_state_dict(d)
+    assert again.layout == "planes" and torch.equal(again.packed, pw.packed)
+    assert torch.equal(again.dequantize(), qw.dequantize())
+    old = QuantizedWeight.from_state_dict(qw.state_dict())
+    assert old.layout == "rows" and torch.equal(old.dequantize(), qw.dequantize())
+    with pytest.raises(ValueError, match="layout must be an index"):
+        QuantizedWeight.from_state_dict(dict(qw.state_dict(), layout=7))
+
+
+def test_safetensors_save_and_load_keep_the_layout(tmp_path):
+    qw, pw = planes_weight(16, 256, device="cpu")
+    path = tmp_path / "w.safetensors"
+    opforge.save_safetensors({"planes": pw, "rows": qw}, path)
+    back = opforge.load_safetensors(path)
+    assert back["planes"].layout == "planes" and back["rows"].layout == "rows"
+    assert torch.equal(back["planes"].packed, pw.packed) and torch.equal(back["planes"].group_words, pw.group_words)
+    assert torch.equal(back["planes"].dequantize(), qw.dequantize())
+
+
+def test_row_operations_keep_the_layout():
+    qw, pw = planes_weight(6, 256, device="cpu")
+    picked = pw.select_rows(torch.tensor([4, 1]))
+    assert picked.layout == "planes" and torch.equal(picked.dequantize(), qw.dequantize()[[4, 1]])
+    assert torch.equal(picked.group_words, pw.group_words[:, [4, 1]])
+    both = QuantizedWeight.concat([pw, pw])
+    assert both.layout == "planes" and torch.equal(both.dequantize(), torch.cat([qw.dequantize()] * 2))
+    mixed = QuantizedWeight.concat([pw, qw])             # one layout each: rebuilt from the codes
+    assert mixed.layout == "rows" and torch.equal(mixed.dequantize(), torch.cat([qw.dequantize()] * 2))
+    assert pw.to(pw.device).layout == "planes"
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: repack(opforge.quantize_weight(torch.randn(4, 256), 8, 128), "planes"), "int4 weights with K a multiple"),
+    (lambda: repack(opforge.quantize_weight(torch.randn(4, 64), 4, 32), "planes"), "K=64"),
+    (lambda: repack(opforge.quantize_weight(torch.randn(4, 256), 4, 128), "tiles"), "layout must be one of"),
+    (lambda: repack(torch.randn(4, 256), "planes"), "must be a QuantizedWeight"),
+    (lambda: repack(QuantizedWeight.from_codes(torch.randint(0, 16, (4, 128)), torch.rand(4, 1).half() + 0.1,
+                                               torch.full((4, 1), 7.5).half(), 4, 128), "planes"), "integer zeros"),
+    (lambda: repack(QuantizedWeight.from_codes(torch.randint(0, 16, (4, 128)), torch.rand(4, 1) + 0.1,
+                                               None, 4, 128), "planes"), "float16 or bfloat16 scales"),
+])
+def test_repack_refuses_what_the_layout_cannot_hold(make, words):
+    with pytest.raises((ValueError, TypeError), match=words):
+        make()
+
+
+@pytest.mark.parametrize("m, group_size, symmetric, dtype", [
+    (1, 128, False, torch.float16), (2, 128, True, torch.bfloat16), (5, 32, False, torch.float16),
+    (16, 64, True, torch.float16), (16, -1, False, torch.bfloat16), (33, 128, False, torch.float16),
+    (64, 32, True, torch.bfloat16), (70, 128, False, torch.float16)])
+def test_planes_kernel_matches_the_weight_it_holds(m, group_size, symmetric, dtype):
+    """Every BLOCK_M (16, 32, 64, several M tiles), groups smaller than, equal to and larger than
+    the 128-code chunk, both zero kinds, both dtypes (the interpreter runs the MMA in float32);
+    also at the few rows the GEMV kernel takes by default."""
+    qw, pw = planes_weight(96, 256, group_size, symmetric, seed=m)
+    x = torch.randn(m, 256, device=DEVICE, dtype=dtype)
+    y = planes.launch_planes(prepare(x, pw, None))
+    assert y.shape == (m, 96) and y.dtype == dtype
+    assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
+    if m > 4:
+        assert rel_error(run_planes(x, pw), oracle(x, qw)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("m, k, group_size, symmetric, variant", [
+    (1, 2048, 128, False, "decode"), (1, 384, -1, True, "decode"), (3, 256, 128, True, "decode"),
+    (4, 512, 128, False, "decode"), (1, 256, 64, False, "planes"), (3, 256, 32, True, "planes"),
+    (5, 256, 128, False, "planes")])
+def test_the_gemv_kernel_reads_the_planes_layout_at_few_rows(m, k, group_size, symmetric, variant):
+    """M <= 4 with groups of >= 128: the decode variant's GEMV (wide-K tiles at M = 1) reads the
+    planes layout (x's columns by ``_code_columns``); smaller groups or more rows run planes."""
+    qw, pw = planes_weight(72, k, group_size, symmetric, seed=k + m)
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(72, device=DEVICE, dtype=torch.float16)
+    with opforge.backend("triton"), opforge.trace() as t:
+        y = opforge.linear(x, pw, bias)
+    assert [(e.backend, e.variant) for e in t] == [("triton", variant)]
+    assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+
+
+def test_a_planes_weight_runs_the_gemv_kernel_only_with_whole_chunks():
+    _, pw = planes_weight(64, 256, 128)
+    call = prepare(torch.randn(2, 256, device=DEVICE, dtype=torch.float16), pw, None)
+    for config in [(2, 64, 64, False, 4, 1), (16, 64, 128, True, 4, 3)]:
+        with pytest.raises(ValueError, match="planes-layout weight runs here only in the GEMV"):
+            tk.launch_config(call, config)
+
+
+@pytest.mark.parametrize("fixup", [False, True])
+def test_split_k_bias_and_strided_rows(fixup):
+    """K split across programs (the partials added by the combine kernel or in the kernel),
+    a bias, rows of x read in place from a wider tensor."""
+    qw, pw = planes_weight(64, 1024, 128, False, seed=3)
+    big = torch.randn(6, 1100, device=DEVICE, dtype=torch.float16)
+    x = big[:, 5:5 + 1024]
+    bias = torch.randn(64, device=DEVICE, dtype=torch.float16)
+    call = prepare(x, pw, bias)
+    out = planes.launch_planes(call, programs_per_sm=4, fixup=fixup)
+    assert rel_error(out, oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+    y = run_planes(x.reshape(2, 3, 1024), pw, bias)
+    assert y.shape == (2, 3, 64) and rel_error(y.reshape(6, 64), oracle(x, qw, bias)) < TOLERANCE[torch.float16]
+
+
+def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
+    qw, pw = planes_weight(64, 256)
+    x = torch.randn(16, 256, device=DEVICE, dtype=torch.float16)
+    with opforge.backend("triton"):
+        text = str(opforge.explain("linear", x, pw))
+        rows_text = str(opforge.explain("linear", x, qw))
+    assert "chosen: triton.planes" in text
+    problem = prepare(x, pw, None).problem
+    for supports in (tk.supports_decode, tk.supports_prefill, tk.supports_dequant_gemm):
+        assert "the weight is in the planes layout" in supports(problem)
+    many = LinearProblem(torch.float16, 300, 64, 256, 4, 128, False, False, "cuda", "planes")
+    assert tk.supports_dequant_gemm(many) is None and "dequant+cuBLAS" in planes.supports_planes(many)
+    assert "planes layout" in tk.supports_prefill(many)
+    few = prepare(x[:2], pw, None).problem
+    assert tk.supports_decode(few) is None and "GEMV reads the planes layout" in planes.supports_planes(few)
+    assert "chosen: triton.decode" in rows_text and "not triton.planes: the weight is in the rows layout" in rows_text
+    with opforge.backend("torch"), opforge.trace() as t:      # the torch path reads either layout
+        y = opforge.linear(x, pw)
+    assert t[0].variant == "reference" and rel_error(y, oracle(x, qw)) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("group_size, symmetric", [(128, False), (32, True), (-1, False)])
+def test_dequantize_kernel_reads_the_planes_layout(group_size, symmetric):
+    """dequant+cuBLAS (M >= DEQUANT_GEMM_MIN_M) with a planes weight: the Triton dequantize
+    kernel writes exactly the weight the rows layout gives."""
+    qw, pw = planes_weight(40, 384, group_size, symmetric)
+    assert torch.equal(tk.dequantize(pw, torch.float16), tk.dequantize(qw, torch.float16))
+    assert torch.equal(tk.dequantize(pw, torch.float32), qw.dequantize())
+    x = torch.randn(300, 384, device=DEVICE, dtype=torch.float16)
+    with opforge.backend("triton"), opforge.trace() as t:
+        y = opforge.linear(x, pw)
+    assert t[0].variant == "dequant_gemm" and rel_error(y, oracle(x, qw)) < TOLERANCE[torch.float16]
+
+
+def test_float32_x_and_metal_refuse_the_planes_layout():
+    problem = LinearProblem(torch.float32, 16, 64, 256, 4, 128, False, False, "cuda", "planes")
+    assert "float16 or bfloat16" in planes.supports_planes(problem)
+    mps = LinearProblem(torch.float16, 16, 64, 256, 4, 128, False, False, "mps", "planes")
+    assert "planes layout" in metal.supports_qmv(mps) and "planes layout" in metal.supports_qmm(mps)
+    _, pw = planes_weight(64, 256)
+    with opforge.backend("triton"), pytest.raises(opforge.NoKernelError, match="float16 or bfloat16"):
+        opforge.linear(torch.randn(2, 256, device=DEVICE), pw)
+
+
+def test_pack_codes_and_pack_planes_agree_on_the_codes():
+    codes = torch.randint(0, 16, (5, 256))
+    assert torch.equal(unpack_planes(pack_planes(codes)),
+                       QuantizedWeight(pack_codes(codes, 4), torch.ones(2, 5), None, 4, 128, (5, 256)).codes())
+
+
+def test_torch_compile_carries_the_layout_through_the_custom_op():
+    """Compiling, a QuantizedWeight travels as plain tensors and ints (``fakes``): the layout
+    too, else the planes words would be read as rows."""
+    qw, pw = planes_weight(24, 256, device="cpu")
+    x = torch.randn(3, 256)
+    f = torch.compile(lambda h: opforge.linear(h, pw), fullgraph=True, backend="aot_eager")
+    assert rel_error(f(x), oracle(x, qw)) < TOLERANCE[torch.float32]
