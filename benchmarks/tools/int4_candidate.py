@@ -23,6 +23,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 import time
@@ -35,11 +37,56 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from gpu_check_quant import oracle
-from gpu_decode_breakdown import SHAPES_1B, SHAPES_8B, copies_for, graph_us, write_json
 from opforge.ops.quant import planes, repack
 from opforge.ops.quant.problem import prepare
 from opforge.testing import TOLERANCE, rel_error
+
+SHAPES_1B = [(3072, 2048, "1B qkv"), (2048, 2048, "1B o"), (16384, 2048, "1B gate_up"), (2048, 8192, "1B down"),
+             (128256, 2048, "1B lm_head")]
+SHAPES_8B = [(6144, 4096, "8B qkv"), (4096, 4096, "8B o"), (28672, 4096, "8B gate_up"), (4096, 14336, "8B down")]
+
+
+def oracle(x: torch.Tensor, qw: opforge.QuantizedWeight) -> torch.Tensor:
+    return x.double() @ qw.dequantize(torch.float64).T
+
+
+def copies_for(nbytes: int, smoke: bool) -> int:
+    """Weights a timing graph cycles through: >= 160 MB in all, so every launch reads from DRAM."""
+    return 2 if smoke else max(2, math.ceil(160e6 / nbytes))
+
+
+def write_json(obj: Any, name: str, out_dir: Optional[str] = None) -> None:
+    """``obj`` as JSON in ``out_dir/name`` (default: $OUT, else ./gpu-out), the folder made if missing."""
+    out_dir = out_dir or os.environ.get("OUT", "./gpu-out")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def graph_us(fns: list[Callable[[], Any]], replays: int = 20) -> float:
+    """GPU time per launch of a CUDA graph that runs every fn once (after warm-up outside it)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * len(fns)))
+    return sorted(times)[1]
 
 TARGETS = {16: 2.2, 64: 1.6}
 ROWS_FIRST = (16, 64)
