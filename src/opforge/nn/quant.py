@@ -29,6 +29,9 @@ class QuantLinear(torch.nn.Module):
 
     def __init__(self, weight: QuantizedWeight, bias: Optional[torch.Tensor] = None):
         super().__init__()
+        if weight.layout != "rows":     # the buffers (and files saved from them) hold the rows layout
+            raise ValueError(f"QuantLinear takes rows-layout weights, got layout {weight.layout!r}: "
+                             "repack(weight, 'rows') first")
         self.out_features, self.in_features = weight.shape
         self.bits, self.group_size = weight.bits, weight.group_size
         self.scale_dtype = weight.scales_t.dtype

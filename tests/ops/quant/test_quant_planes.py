@@ -228,3 +228,12 @@ def test_torch_compile_carries_the_layout_through_the_custom_op():
     x = torch.randn(3, 256)
     f = torch.compile(lambda h: opforge.linear(h, pw), fullgraph=True, backend="aot_eager")
     assert rel_error(f(x), oracle(x, qw)) < TOLERANCE[torch.float32]
+
+
+def test_quant_linear_refuses_a_planes_weight():
+    import opforge
+    from opforge.ops.quant import repack
+    w = opforge.quantize_weight(torch.randn(16, 256), 4, 128)
+    with pytest.raises(ValueError, match="rows-layout"):
+        opforge.nn.QuantLinear(repack(w, "planes"))
+    assert opforge.nn.QuantLinear(w).weight.layout == "rows"
