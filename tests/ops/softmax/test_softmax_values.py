@@ -5,9 +5,8 @@ import torch
 from hypothesis import given, strategies as st
 
 import opforge
-from opforge.ops.softmax import cases, log_softmax, reference, row_split, softmax, triton_kernels as tk
-from opforge.ops.softmax import problem as softmax_problem
-from opforge.ops.softmax.problem import OPS, prepare
+from opforge.ops.softmax import cases, log_softmax, reference, softmax, triton_kernels as tk
+from opforge.ops.softmax.problem import FEW_ROWS, OPS, prepare
 from opforge.testing import DEVICE, ON_GPU, TOLERANCE, check_case, max_rel_error, shapes_and_layouts
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -19,15 +18,12 @@ def row_limit(dtype: torch.dtype) -> int:
     return tk.ROW_MAX_N[dtype.itemsize]
 
 
-def expected_variant(rows: int, n: int, dtype: torch.dtype, op: str = "softmax") -> str:
+def expected_variant(rows: int, n: int, dtype: torch.dtype) -> str:
     if n <= MULTIROW:
         return "multirow"
-    on = row_split.row_split_config(op, dtype.itemsize, n)  # where ROW_SPLIT turns row_split on
-    if on and n >= row_split.MIN_N and rows > softmax_problem.FEW_ROWS:
-        return "row_split"
     if n <= row_limit(dtype):
         return "row"
-    return "split" if rows <= softmax_problem.FEW_ROWS else "looped"
+    return "split" if rows <= FEW_ROWS else "looped"
 
 
 def check(case, backend: str = "triton"):
@@ -61,7 +57,7 @@ def test_triton_edge_shapes(op, dtype, shape):
     rows = 1
     for d in shape[:-1]:
         rows *= d
-    assert event.variant == expected_variant(rows, shape[-1], dtype, op)
+    assert event.variant == expected_variant(rows, shape[-1], dtype)
     assert event.note == ""
 
 
@@ -83,15 +79,13 @@ def test_row_split_and_looped_boundaries(op, dtype):
     limit = row_limit(dtype)
     for shape in [(1, limit), (2, limit + 1)]:
         event = check(cases.make_case(op, shape, dtype))
-        assert event.variant == expected_variant(shape[0], shape[1], dtype, op), shape
+        assert event.variant == expected_variant(shape[0], shape[1], dtype), shape
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_many_long_rows_are_looped(op, few_rows_is_2):
-    n = row_limit(torch.bfloat16) + 3
-    event = check(cases.make_case(op, (3, n), torch.bfloat16))
-    assert event.variant == expected_variant(3, n, torch.bfloat16, op)  # looped, unless ROW_SPLIT turns row_split on
-    assert event.variant in ("looped", "row_split")
+    event = check(cases.make_case(op, (3, row_limit(torch.bfloat16) + 3), torch.bfloat16))
+    assert event.variant == "looped"
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -250,7 +244,7 @@ def test_random_shapes_strides_dtypes(op, shape_layout, dtype, use_dim, scale):
 def test_gpu_large_shapes(op, dtype, shape):
     event = check(cases.make_case(op, shape, dtype))
     assert event.device.startswith("cuda")
-    assert event.variant == expected_variant(shape[0], shape[1], dtype, op)
+    assert event.variant == expected_variant(shape[0], shape[1], dtype)
 
 
 # The large GPU shapes' code paths at interpreter sizes: each shape's row length with few rows
@@ -267,4 +261,4 @@ def test_large_shape_paths_with_few_rows(op, dtype, shape, many, request):
     if many:
         request.getfixturevalue("few_rows_is_2")
     event = check(cases.make_case(op, shape, dtype))
-    assert event.variant == expected_variant(shape[0], shape[1], dtype, op)  # many: 3 rows count as many
+    assert event.variant == ("looped" if many else expected_variant(shape[0], shape[1], dtype))

@@ -1,7 +1,6 @@
 """Triton kernels for layer_norm, rms_norm and their fused residual-add forms.
 
-Two kernels serve three variants, chosen by the row length N (a fourth, ``row_split``, lives in
-``row_split.py`` and is off until measured):
+Two kernels serve three variants, chosen by the row length N:
 
 * ``multirow`` (N <= 1024): a program normalizes a tile of BLOCK_M rows at once, so narrow rows
   still give each program enough bytes in flight.
@@ -28,7 +27,6 @@ from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import I32_MAX, TritonLauncher, cdiv
 from .config import MULTIROW_MAX_N, ROW_MAX_N, looped_config, multirow_config, row_config
 from .problem import PLANS, NormCall, NormProblem
-from .row_split import launch_row_split, supports_row_split
 
 # Layer norm sums x - shift. SHIFT_SAMPLE = 0: shift = the row's mean (the first chunk's, in the
 # looped variant), one more full reduction before the sums. SHIFT_SAMPLE = S > 0: the mean of the
@@ -332,8 +330,6 @@ def supports_looped(p: NormProblem) -> Optional[str]:
 
 VARIANTS = (
     ("multirow", supports_multirow, launch_multirow, "several narrow rows per program, held in registers"),
-    ("row_split", supports_row_split, launch_row_split,
-     "one row across several programs' registers, partial sums exchanged (off until measured: ROW_SPLIT)"),
     ("row", supports_row, launch_row, "one row per program, held in registers"),
     ("looped", supports_looped, launch_looped, "one row per program, walked in chunks (any N)"),
 )

@@ -1,7 +1,6 @@
 """Triton kernels for softmax and log_softmax over the last dimension.
 
-Four variants, chosen by the row length N and the number of rows (a fifth, ``row_split``, lives in
-``row_split.py`` and is off until measured):
+Four variants, chosen by the row length N and the number of rows:
 
 * ``multirow`` (N <= 1024): a program takes a tile of BLOCK_M rows, so narrow rows (N = 128)
   still give each program enough bytes in flight. One read, one write.
@@ -39,7 +38,6 @@ from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec, next_power_
 from .config import LOOP_CTAS_PER_SM, MULTIROW_MAX_N, ROW_MAX_N, SPLIT_CHUNK, looped_config, multirow_config, \
     row_config, split_config
 from .problem import MAX_ROWS, PLANS, SoftmaxCall, SoftmaxProblem
-from .row_split import launch_row_split, supports_row_split
 
 MAX_N = 2**31 - 1
 
@@ -382,8 +380,6 @@ def supports_looped(p: SoftmaxProblem) -> Optional[str]:
 
 VARIANTS = (
     ("multirow", supports_multirow, launch_multirow, "several narrow rows per program, held in registers"),
-    ("row_split", supports_row_split, launch_row_split,
-     "one row across several programs' registers, (max, sum) pairs exchanged (off until measured: ROW_SPLIT)"),
     ("row", supports_row, launch_row, "one row per program, held in registers"),
     ("split", supports_split, launch_split, "few long rows: segments in parallel, partials merged"),
     ("looped", supports_looped, launch_looped, "online max and sum, rows walked in chunks (any N)"),
