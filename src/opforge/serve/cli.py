@@ -133,7 +133,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens per engine step at most (decode + prefill)")
     p.add_argument("--max-prefill-tokens-while-decoding", type=int,
                    help="prompt tokens at most in a step that also decodes (default: no bound beyond "
-                        "--max-num-batched-tokens; not yet measured on a GPU)")
+                        "--max-num-batched-tokens; H100, 1B: no clear gain at 32 clients, see docs/server.md)")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share equal prompt prefixes' blocks")
     p.add_argument("--no-overlap", action="store_true",
                    help="read each greedy decode step's tokens before launching the next (default: the next step "
