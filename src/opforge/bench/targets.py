@@ -7,7 +7,7 @@ result counts as a miss: a target is never quietly skipped for lack of a number.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 from opforge.bench.results import CaseResult
 from opforge.bench.spec import OPFORGE, Target
@@ -20,6 +20,19 @@ def _opforge_missing(case: CaseResult) -> tuple[bool, str] | None:
     if not r.ok:
         return False, f"opforge {r.status}" + (f": {r.reason}" if r.reason else "")
     return None
+
+
+def compare_times(case: CaseResult, peer: str, metric: str,
+                  judge: Callable[[float, float], tuple[bool, str]]) -> tuple[bool, str] | None:
+    """``judge(opforge's time, peer's time)`` for a case where both were timed; opforge's failure
+    as a miss; None (not judged) where a time is missing."""
+    missing = _opforge_missing(case)
+    if missing is not None:
+        return missing
+    mine, theirs = case.time(OPFORGE, metric), case.time(peer, metric)
+    if mine is None or theirs is None:
+        return None
+    return judge(mine, theirs)
 
 
 def bandwidth_at_least(pct_by_dtype: Mapping[str, float], ops: tuple[str, ...] | None = None) -> Target:
@@ -75,13 +88,8 @@ def no_slower_than(peer: str, metric: str) -> Target:
     """
 
     def check(case: CaseResult) -> tuple[bool, str] | None:
-        missing = _opforge_missing(case)
-        if missing is not None:
-            return missing
-        mine, theirs = case.time(OPFORGE, metric), case.time(peer, metric)
-        if mine is None or theirs is None:
-            return None
-        return mine <= theirs, f"{mine:.2f} vs {theirs:.2f} us ({theirs / mine:.2f}x)"
+        return compare_times(case, peer, metric, lambda mine, theirs: (
+            mine <= theirs, f"{mine:.2f} vs {theirs:.2f} us ({theirs / mine:.2f}x)"))
 
     return Target(f"{_metric(metric)} no worse than {peer}", check)
 
@@ -103,19 +111,16 @@ def speedup_at_least(peer: str, goals: Mapping[tuple[str, int], float], metric: 
         key = (case.op, case.shape[0])
         if key not in goals:
             return None
-        missing = _opforge_missing(case)
-        if missing is not None:
-            return missing
-        mine, theirs = case.time(OPFORGE, metric), case.time(peer, metric)
-        if mine is None or theirs is None:
-            return None
-        ratio = theirs / mine
-        met, detail = ratio >= goals[key], f"{ratio:.2f}x {peer} (goal {goals[key]:g}x)"
-        r = case.results[OPFORGE]
-        if key in pct and r.pct_copy is not None:
-            met = met and r.pct_copy >= pct[key]
-            detail += f", {r.pct_copy:.1f}% of copy (goal {pct[key]:g}%)"
-        return met, detail
+
+        def judge(mine: float, theirs: float) -> tuple[bool, str]:
+            ratio = theirs / mine
+            met, detail = ratio >= goals[key], f"{ratio:.2f}x {peer} (goal {goals[key]:g}x)"
+            r = case.results[OPFORGE]
+            if key in pct and r.pct_copy is not None:
+                met = met and r.pct_copy >= pct[key]
+                detail += f", {r.pct_copy:.1f}% of copy (goal {pct[key]:g}%)"
+            return met, detail
+        return compare_times(case, peer, metric, judge)
 
     return Target(f"speedup over {peer} ({_metric(metric)}): {text}", check)
 

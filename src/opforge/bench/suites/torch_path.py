@@ -14,7 +14,7 @@ import torch
 
 from opforge.bench.results import CaseResult
 from opforge.bench.spec import OPFORGE, TORCH, Suite, SuiteEntry, Target, register_suite
-from opforge.bench.targets import _opforge_missing
+from opforge.bench.targets import compare_times
 
 #: The largest slowdown against PyTorch's composite that meets the target.
 MAX_RATIO = 1.2
@@ -31,13 +31,8 @@ def within(peer: str, factor: float, metric: str = "wall_us") -> Target:
         'wall time per call within 1.2x of torch'
     """
     def check(case: CaseResult) -> tuple[bool, str] | None:
-        missing = _opforge_missing(case)
-        if missing is not None:
-            return missing
-        mine, theirs = case.time(OPFORGE, metric), case.time(peer, metric)
-        if mine is None or theirs is None:
-            return None
-        return mine <= theirs * factor, f"{mine:.1f} vs {theirs:.1f} us ({mine / theirs:.2f}x)"
+        return compare_times(case, peer, metric, lambda mine, theirs: (
+            mine <= theirs * factor, f"{mine:.1f} vs {theirs:.1f} us ({mine / theirs:.2f}x)"))
 
     return Target(f"wall time per call within {factor:g}x of {peer}", check)
 
