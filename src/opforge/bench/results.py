@@ -216,3 +216,20 @@ class RunResult:
 def _pick(kind: type, data: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in fields(kind)}
     return {k: v for k, v in data.items() if k in names}
+
+
+def write_report(result: dict[str, Any], text: str, json_path: str | None, markdown_path: str | None) -> None:
+    """Print a whole-run suite's Markdown ``text`` and write ``result`` as JSON and ``text`` as
+    Markdown where asked (the ``--json`` / ``--markdown`` of the suites that are not case grids).
+
+    Example:
+        >>> write_report({"rows": []}, "no rows", None, None)
+        no rows
+    """
+    print(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(text)

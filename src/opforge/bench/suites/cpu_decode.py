@@ -11,12 +11,13 @@ Run: ``opforge bench --device cpu --suite torch_path_decode [--json r.json] [--m
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from typing import Any
 
 import torch
+
+from opforge.bench.results import write_report
 
 #: Token ids of a short prompt ("Hi, how" in SmolLM2's vocabulary would do as well: any 5 ids).
 PROMPT = (1, 9690, 198, 2683, 359)
@@ -104,12 +105,5 @@ def main(args: Any) -> int:
         print("opforge bench: error: --suite torch_path_decode runs on the CPU (--device cpu)", file=sys.stderr)
         return 2
     result = measure()
-    text = markdown(result)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
+    write_report(result, markdown(result), args.json, args.markdown)
     return 0 if result["same_tokens"] else 1

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from opforge.bench.results import write_report
+
 GB = 3.0
 QUICK_GB = 0.06
 GROUP = 128
@@ -239,14 +241,7 @@ def main(args: Any) -> int:
         print(f"opforge bench: error: {exc}", file=sys.stderr)
         return 2
     result = measure(device, gb, 8 if args.quick else 1, loaders)
-    text = markdown(result)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
+    write_report(result, markdown(result), args.json, args.markdown)
     return 1 if any("error" in r for r in result["rows"] if r["impl"].startswith("opforge")) else 0
 
 
