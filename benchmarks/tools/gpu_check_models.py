@@ -124,7 +124,7 @@ def main() -> int:
     import opforge
     from opforge.bench.suites.model import median_seconds as median_time, sync, transformers_decode_tokens_per_s
     from opforge.models import load
-    from opforge.models.generate import release_graphs
+    from opforge.serve import generate, last_stats
     from opforge.models.testing import LLAMA_1B, TINY_LLAMA, write_random_checkpoint
     from opforge.runtime.device import measure_copy_bandwidth
 
@@ -169,33 +169,17 @@ def main() -> int:
 
     # ---- correctness ---------------------------------------------------------------------------
     def graphs_vs_eager() -> None:
-        a = model.generate(prompt, 32, graphs=True)
-        b = model.generate(prompt, 32, graphs=False)
+        a = generate(model, prompt, 32, graphs=True)
+        b = generate(model, prompt, 32, graphs=False)
         check("decode: CUDA graph generation == eager (batch 1, 32 tokens)", a == b)
         prompts = [prompt[0, :prompt_len // 2].tolist(), prompt[0].tolist()]
-        a = model.generate(prompts, 24, graphs=True)
-        b = model.generate(prompts, 24, graphs=False)
+        a = generate(model, prompts, 24, graphs=True)
+        b = generate(model, prompts, 24, graphs=False)
         check("decode: CUDA graph generation == eager (2 prompts of different lengths)", a == b)
-        singles = [model.generate(p, 24)[0] for p in prompts]
+        singles = [generate(model, p, 24)[0] for p in prompts]
         check("batched prompts == single runs (bf16, greedy)", a == singles,
               "" if a == singles else "bf16 batched matmuls may round differently; compare logits")
     guarded("graphs vs eager", graphs_vs_eager)
-
-    def replay_vs_eager_step() -> None:
-        from opforge.models.generate import _GraphStep
-        for ctx in (1, 100, prompt_len + 7, prefill_len - 1):
-            ids = long_prompt[:, :ctx]
-            model.prefill(ids, torch.tensor([ctx]))
-            token = long_prompt[:, ctx].to(device)
-            seqlens = model.cache_seqlens[:1]
-            eager = model.decode_step(token, seqlens).clone()
-            replayed = _GraphStep(model, 1)(token).clone()      # captured at this cache length, replayed
-            release_graphs(model)
-            err = rel(replayed, eager)
-            check(f"graph replay == eager decode step, cache length {ctx}", err <= 1e-3,
-                  f"bitwise equal: {torch.equal(replayed, eager)}, rel err {err:.2e}")
-    if device.type == "cuda":
-        guarded("replay vs eager step", replay_vs_eager_step)
 
     def prefill_decode_vs_forward() -> None:
         ids = long_prompt[:, :64]
@@ -227,7 +211,7 @@ def main() -> int:
         ours32 = load(path, device=device, dtype=torch.float32, max_seq_len=256)
         err32 = rel(ours32.forward(ids).float(), ref)
         check("float32 logits vs transformers float32 (<= 1e-4)", err32 <= 1e-4, f"rel err {err32:.2e}")
-        toks = ours32.generate(ids, 32)[0]
+        toks = generate(ours32, ids, 32)[0]
         same = sum(a == b for a, b in zip(toks, hf_tokens))
         check("float32 greedy 32 tokens == transformers'", toks == hf_tokens, f"{same}/32 equal")
         del ours32, hf32
@@ -274,11 +258,11 @@ def main() -> int:
 
     # ---- timings ---------------------------------------------------------------------------------
     def ours_decode(m, label: str, graphs: bool) -> None:
-        m.generate(prompt, 4, graphs=graphs)            # warm: compile, capture
+        generate(m, prompt, 4, graphs=graphs)            # warm: compile, capture
         runs = []
         for _ in range(3):
-            m.generate(prompt, new_tokens, graphs=graphs)
-            runs.append(m.last_stats.decode_tokens_per_s)
+            generate(m, prompt, new_tokens, graphs=graphs)
+            runs.append(last_stats(m).decode_tokens_per_s)
         tps = sorted(runs)[1]
         own_limit = bandwidth * 1e9 / m.weight_bytes()
         timing(f"opforge {label} decode b1 ctx{prompt_len} graphs={'on' if graphs else 'off'}", tps,
@@ -297,11 +281,10 @@ def main() -> int:
     guarded("prefill", ours_prefill)
 
     def first_token() -> None:
-        release_graphs(model)
         sync(device)
         t0 = time.perf_counter()
-        model.generate(prompt, 2, graphs=True)
-        s = model.last_stats
+        generate(model, prompt, 2, graphs=True)
+        s = last_stats(model)
         RESULTS["first_token_s"] = {"prefill": s.prefill_s, "capture": s.capture_s,
                                     "total_wall": time.perf_counter() - t0}
         print(f"TIME  first token, {prompt_len}-token prompt: prefill {s.prefill_s * 1e3:.0f} ms + "

@@ -12,6 +12,7 @@ import torch
 import opforge
 from opforge.ops.attention.metal import decode_splits
 from opforge.models.testing import TINY_LLAMA, tiny_decoder
+from opforge.serve import generate
 from opforge.testing import rel_error
 
 pytestmark = pytest.mark.usefixtures("emulate")
@@ -43,9 +44,9 @@ def test_float32_forward_and_batched_generation_equal_the_torch_path():
     m = model()
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(5))
     ref_logits, _ = on("torch", lambda: m.forward(ids))
-    ref_tokens, _ = on("torch", lambda: m.generate(PROMPTS, 6))
+    ref_tokens, _ = on("torch", lambda: generate(m, PROMPTS, 6))
     logits, t_prefill = on("metal", lambda: m.forward(ids))
-    tokens, t_gen = on("metal", lambda: m.generate(PROMPTS, 6))
+    tokens, t_gen = on("metal", lambda: generate(m, PROMPTS, 6))
     assert rel_error(logits, ref_logits) < 1e-5 and ref_logits.abs().max() > 1.0
     assert tokens == ref_tokens and len({tuple(s) for s in tokens}) > 1
     assert FORWARD_OPS <= metal_ops(t_prefill), metal_ops(t_prefill)
@@ -95,9 +96,9 @@ def test_quantized_model_runs_qmv_and_qmm_and_equals_the_torch_path(quantize):
     assert type(m.lm_head).__name__ == "QuantizedWeight"
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(8))
     ref, _ = on("torch", lambda: m.forward(ids))
-    ref_tokens, _ = on("torch", lambda: m.generate(PROMPTS[:2], 5))
+    ref_tokens, _ = on("torch", lambda: generate(m, PROMPTS[:2], 5))
     got, t_prefill = on("metal", lambda: m.forward(ids))
-    tokens, t_gen = on("metal", lambda: m.generate(PROMPTS[:2], 5))
+    tokens, t_gen = on("metal", lambda: generate(m, PROMPTS[:2], 5))
     assert rel_error(got, ref) < 1e-5 and tokens == ref_tokens
     assert {e.variant for e in t_prefill if e.op == "linear"} >= {"qmm"}
     assert {e.variant for e in t_gen if e.op == "linear" and e.backend == "metal"} >= {"qmv"}

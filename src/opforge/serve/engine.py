@@ -30,10 +30,9 @@ from typing import Any, Optional, Union
 
 import torch
 
-from ..models.generate import argmax_rows
 from .graphs import DecodeGraphs
 from .kv_cache import SCRATCH_BLOCK, BlockManager
-from .sampling import SamplingParams, make_generator, release_text, sample_rows
+from .sampling import SamplingParams, argmax_rows, make_generator, release_text, sample_rows
 from .scheduler import FINISHED, Chunk, Scheduler, Sequence
 from .stream import EngineStats, RequestOutput, RequestStream
 from .tokenizer import Detokenizer, encode
@@ -218,6 +217,11 @@ class Engine:
         """Whether ``request_id`` is waiting or running."""
         with self._lock:
             return request_id in self._requests
+
+    @property
+    def graph_capture_s(self) -> float:
+        """Seconds spent capturing CUDA graphs so far (0.0 without them)."""
+        return 0.0 if self._graphs is None else self._graphs.capture_s
 
     def stats(self) -> EngineStats:
         """Counts of sequences and blocks, prefix-cache lookups, the last step's time."""

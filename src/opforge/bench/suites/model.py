@@ -75,6 +75,7 @@ def _kv_bytes_per_token(model: Any) -> int:
 def _ours(path: str, precision: str, device: torch.device, g: Grid, shape: str, bandwidth: float,
           run: _Run) -> None:
     from opforge.models import load
+    from opforge.serve import generate, last_stats
     points = _our_points(g, device)
     if not run.start("opforge", precision, points[0]):
         for what in points[1:]:
@@ -102,12 +103,12 @@ def _ours(path: str, precision: str, device: torch.device, g: Grid, shape: str, 
         try:
             prompts = torch.randint(0, vocab, (b, c), generator=gen)
             if b not in captured:                   # compile, capture this batch size's graph
-                model.generate(prompts, 4)
+                generate(model, prompts, 4)
                 captured.add(b)
             runs = []
             for _ in range(3):
-                model.generate(prompts, new)
-                runs.append(model.last_stats.decode_tokens_per_s)
+                generate(model, prompts, new)
+                runs.append(last_stats(model).decode_tokens_per_s)
             tps = sorted(runs)[1]
             kv = b * (c + new // 2) * kv_token      # mean cache a step reads
             run.record("opforge", precision, what, tps, pct_of_limit=100 * (tps / b) / limit,

@@ -8,6 +8,7 @@ import pytest
 
 from opforge.cli import main
 from opforge.models.testing import write_tiny_checkpoint
+from opforge.serve import generate
 
 
 def test_generate_with_token_ids(capsys):
@@ -146,4 +147,4 @@ def test_the_library_refuses_what_the_command_refuses():
                             ({"input_ids": [5], "max_new_tokens": 0}, "max_new_tokens must be >= 1")]:
         kwargs = {"max_new_tokens": 4, **kwargs}
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-            model.generate(kwargs.pop("input_ids"), kwargs.pop("max_new_tokens"), **kwargs)
+            generate(model, kwargs.pop("input_ids"), kwargs.pop("max_new_tokens"), **kwargs)
