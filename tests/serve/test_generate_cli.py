@@ -14,7 +14,7 @@ from opforge.serve import generate
 def test_generate_with_token_ids(capsys):
     assert main(["generate", write_tiny_checkpoint(), "--prompt-ids", "5,6,7", "--max-new-tokens", "4"]) == 0
     out = capsys.readouterr().out
-    assert "prefill: 3 tokens" in out and "decode:" in out and "decode_attention[" in out
+    assert "prefill: 3 tokens" in out and "decode:" in out and "paged_attention[" in out
 
 
 def test_readback_streams_the_same_tokens(capsys):
