@@ -1,9 +1,9 @@
 """``generate``: a batch of prompts run to the end on an ``Engine`` of its own; new token ids out.
 
 A thin client of the serving engine: each call makes an ``Engine`` sized for its prompts (KV-cache
-blocks for every prompt's ``prompt + max_new_tokens``, ``max_num_seqs`` = the batch, no prefix
-sharing, no tokenizer), queues one request per prompt and steps the engine in the caller's thread
-until every request ends. So ``generate`` decodes with the engine's loop, its paged cache, its
+blocks for every prompt's ``prompt + max_new_tokens``, ``max_num_seqs`` = the batch, a token budget
+that prefills every prompt in the first step, no prefix sharing, no tokenizer), queues one request
+per prompt and steps the engine in the caller's thread until every request ends. So ``generate`` decodes with the engine's loop, its paged cache, its
 CUDA graphs and its sampling: there is one decode loop in the project. The engine goes away with
 the call (on CUDA its graphs are captured anew each call; ``GenerationStats.capture_s`` says how
 long that took, and the decode time excludes it).
@@ -155,10 +155,11 @@ def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[
               for seed in _seeds(generator if temperature > 0 else None, b)]
     block_size = 16
     blocks = sum(-(-(len(p) + max_new_tokens) // block_size) for p in prompts)
+    prompt_tokens = sum(len(p) for p in prompts)
+    # one step prefills every prompt (as a batch), so the decode steps that follow are all timed
     engine = Engine(model, max_num_seqs=b, block_size=block_size, kv_blocks=blocks, enable_prefix_caching=False,
-                    cuda_graphs=graphs, tokenizer=None)
-    stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts),
-                            graphs=graphs and model.device.type == "cuda")
+                    max_num_batched_tokens=max(8192, prompt_tokens), cuda_graphs=graphs, tokenizer=None)
+    stats = GenerationStats(prompt_tokens=prompt_tokens, graphs=graphs and model.device.type == "cuda")
     _STATS[model] = stats
     out: list[list[int]] = [[] for _ in range(b)]
 
