@@ -100,3 +100,17 @@ def test_checks_run_again_when_the_index_tensors_change_in_place():
     lens.fill_(3)
     with pytest.raises(IndexError, match="positions must be in"):   # the same tensors, a shorter table
         opforge.paged_rotary_kv_cache_append(q, k, k, kp, vp, tables, lens, cu, torch.ones(3, 4), torch.zeros(3, 4))
+
+
+def test_inference_tensors_are_checked_every_call():
+    """Tensors made under ``torch.inference_mode`` have no version counter: nothing is remembered."""
+    kp, vp = torch.zeros(4, 4, 1, 8), torch.zeros(4, 4, 1, 8)
+    q = torch.randn(1, 2, 8)
+    with torch.inference_mode():
+        tables = torch.tensor([[1, 2]], dtype=torch.int32)
+        lens, cu = torch.tensor([3], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+        for _ in range(2):
+            opforge.paged_attention(q, kp, vp, tables, lens, cu, max_query_len=1)
+        tables[0, 0] = 9
+        with pytest.raises(IndexError, match=r"block_tables\[0, 0\] = 9"):
+            opforge.paged_attention(q, kp, vp, tables, lens, cu, max_query_len=1)

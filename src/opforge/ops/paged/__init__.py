@@ -46,6 +46,9 @@ class _CheckedValues:
             all(ref() is t and t._version == version for (ref, version), t in zip(refs, tensors))
 
     def remember(self, key: Any, tensors: tuple) -> None:
+        if any(t.is_inference() for t in tensors):    # no version counter: checked every call
+            self._last = (None, ())
+            return
         self._last = (key, tuple((weakref.ref(t), t._version) for t in tensors))
 
 
