@@ -45,8 +45,7 @@ from opforge.serve import generate
 out = {"pdl": pdl.on(torch.device("cuda"))}
 
 
-def captured(step):
-    """A CUDA graph of ``step()`` (warmed up off the capture) and its output tensor."""
+def captured(step):   # a CUDA graph of step() (warmed up off the capture) and its output tensor
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
