@@ -163,8 +163,8 @@ def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[
     _STATS[model] = stats
     out: list[list[int]] = [[] for _ in range(b)]
 
-    def take(i: int, outputs: Any) -> None:
-        for token in next(outputs).new_token_ids:
+    def deliver(i: int, output: Any) -> None:
+        for token in output.new_token_ids:
             out[i].append(token)
             if stream is not None:
                 stream(i, token)
@@ -181,17 +181,14 @@ def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[
             for i, s in enumerate(streams):
                 if s.last_token_at != seen[i]:            # one step puts at most one output per request
                     seen[i] = s.last_token_at
-                    take(i, outputs[i])
+                    deliver(i, next(outputs[i]))
             if t_decode is None and all(out):
                 t_decode = time.perf_counter()
                 stats.prefill_s = t_decode - t0
                 captured = engine.graph_capture_s
         for i, o in enumerate(outputs):                    # what is left: the requests have ended
             for rest in o:
-                for token in rest.new_token_ids:
-                    out[i].append(token)
-                    if stream is not None:
-                        stream(i, token)
+                deliver(i, rest)
         _sync(model.device)
         end = time.perf_counter()
     if t_decode is None:
