@@ -11,7 +11,8 @@ from . import api
 from .api import *  # noqa: F401,F403  (the public functions and types)
 from . import models  # noqa: E402  (after the ops it builds on)
 from .models.patch import patch  # noqa: E402
+from .serve.generate import generate  # noqa: E402  (a batch of prompts on the serving engine)
 
 __version__ = "0.1.0"
 
-__all__ = [*api.__all__, "models", "patch"]
+__all__ = [*api.__all__, "models", "patch", "generate"]

@@ -17,7 +17,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "generate":
-        from .models.cli import main as generate_main
+        from .serve.generate_cli import main as generate_main
         return generate_main(argv[1:])
     if argv and argv[0] == "serve":
         from .serve.cli import main as serve_main

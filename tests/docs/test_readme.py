@@ -8,6 +8,8 @@ import re
 
 import torch
 
+import opforge
+
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
 
@@ -30,7 +32,7 @@ def test_readme_examples_run_and_agree_with_float64():
     assert (ns["norm"](x).double() - ref).abs().max() < 1e-4
     assert "rms_norm" in printed.getvalue()
     assert len(ns["tokens"]) == 2 and all(len(t) == 8 for t in ns["tokens"])
-    solo = [ns["model"].generate(p, 8)[0] for p in ([1, 2, 3], [4, 5, 6, 7])]
+    solo = [opforge.generate(ns["model"], p, 8)[0] for p in ([1, 2, 3], [4, 5, 6, 7])]
     assert [list(o.token_ids) for o in ns["outs"]] == solo and ns["outs"][0].finish_reason == "length"
     assert torch.equal(ns["back"][:, :35], ns["codes"][:, :35])
     assert (ns["back"][:, -15:, -1] == 1025).all()

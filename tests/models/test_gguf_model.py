@@ -20,6 +20,7 @@ from opforge.models.decoder import Decoder
 from opforge.models.quality import PASSAGE, perplexity, shuffled
 from opforge.models.testing import TINY_LLAMA, random_weights, smollm2_gguf, transformers_from_gguf, write_checkpoint, \
     write_gguf
+from opforge.serve import generate
 from opforge.testing import rel_error
 
 pytest.importorskip("gguf")
@@ -114,9 +115,9 @@ def test_float32_greedy_tokens_and_logits_equal_transformers(dense32, hf_model):
             hf_tokens = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
                                           do_sample=False, eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:]
         assert rel_error(dense32.forward(ids), ref) <= 1e-4, prompt
-        assert dense32.generate(ids, 10)[0] == hf_tokens.tolist(), prompt
+        assert generate(dense32, ids, 10)[0] == hf_tokens.tolist(), prompt
     ids = dense32.tokenizer.encode(PROMPTS[0]).ids
-    assert dense32.tokenizer.decode(dense32.generate(ids, 3)[0]).startswith(" Paris")
+    assert dense32.tokenizer.decode(generate(dense32, ids, 3)[0]).startswith(" Paris")
 
 
 @cpu_only
@@ -155,7 +156,7 @@ def test_chat_template_renders_as_transformers_and_the_model_answers(dense32, hf
     text = jinja2.Environment().from_string(dense32.chat_template).render(messages=messages, add_generation_prompt=True)
     assert text == hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = dense32.tokenizer.encode(text).ids
-    answer = dense32.tokenizer.decode(dense32.generate(ids, 12, stop_ids=dense32.config.eos_token_ids)[0])
+    answer = dense32.tokenizer.decode(generate(dense32, ids, 12, stop_ids=dense32.config.eos_token_ids)[0])
     assert "Paris" in answer, answer
 
 
@@ -222,4 +223,4 @@ def test_imported_q4_1_codes_on_cuda_in_bf16(smollm2, dense32):
     assert rel_error(got.float().cpu(), dense32.forward(ids)) <= 5e-2        # bf16 activations, 30 layers
     assert perplexity(model, ids[0]) == pytest.approx(perplexity(dense32, ids[0]), rel=0.03)
     prompt = dense32.tokenizer.encode(PROMPTS[0]).ids
-    assert dense32.tokenizer.decode(model.generate(prompt, 3)[0]).startswith(" Paris")
+    assert dense32.tokenizer.decode(generate(model, prompt, 3)[0]).startswith(" Paris")

@@ -1,8 +1,9 @@
 """The decoder of ``opforge.models`` on the Metal kernels, end to end, in the MSL emulator.
 
 Every op of a prefill and a decode step (norms, swiglu, rotary + cache append, prefill attention,
-split-KV decode attention, quantized linear) runs its ``.metal`` kernel here, on the strided views
-and cache layout the decoder really passes; dense projections stay torch's ``F.linear`` by design.
+split-KV decode attention, quantized linear) and of ``generate``'s engine steps (paged rotary +
+append, paged attention) runs its ``.metal`` kernel here, on the strided views and cache layouts
+the decoder really passes; dense projections stay torch's ``F.linear`` by design.
 The reference is the same model on the torch path (and, for half precision, the float64 model).
 Head dim 64: the Metal prefill kernels take D in (64, 80, 96, 128, 256).
 """
@@ -12,6 +13,7 @@ import torch
 import opforge
 from opforge.ops.attention.metal import decode_splits
 from opforge.models.testing import TINY_LLAMA, tiny_decoder
+from opforge.serve import generate
 from opforge.testing import rel_error
 
 pytestmark = pytest.mark.usefixtures("emulate")
@@ -21,6 +23,7 @@ CONFIG = {**TINY_LLAMA, "hidden_size": 128, "intermediate_size": 256, "num_atten
 STEP_OPS = {"rms_norm", "add_rms_norm", "swiglu", "rotary_kv_cache_append", "decode_attention"}
 FORWARD_OPS = {"rms_norm", "add_rms_norm", "swiglu", "rotary_embedding", "attention"}   # no cache
 PREFILL_OPS = FORWARD_OPS | {"kv_cache_append"}
+GENERATE_OPS = {"rms_norm", "add_rms_norm", "swiglu", "paged_rotary_kv_cache_append", "paged_attention"}  # the engine
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
 
 
@@ -43,13 +46,13 @@ def test_float32_forward_and_batched_generation_equal_the_torch_path():
     m = model()
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(5))
     ref_logits, _ = on("torch", lambda: m.forward(ids))
-    ref_tokens, _ = on("torch", lambda: m.generate(PROMPTS, 6))
+    ref_tokens, _ = on("torch", lambda: generate(m, PROMPTS, 6))
     logits, t_prefill = on("metal", lambda: m.forward(ids))
-    tokens, t_gen = on("metal", lambda: m.generate(PROMPTS, 6))
+    tokens, t_gen = on("metal", lambda: generate(m, PROMPTS, 6))
     assert rel_error(logits, ref_logits) < 1e-5 and ref_logits.abs().max() > 1.0
     assert tokens == ref_tokens and len({tuple(s) for s in tokens}) > 1
     assert FORWARD_OPS <= metal_ops(t_prefill), metal_ops(t_prefill)
-    assert PREFILL_OPS | STEP_OPS <= metal_ops(t_gen), metal_ops(t_gen)
+    assert GENERATE_OPS <= metal_ops(t_gen), metal_ops(t_gen)
     assert all(e.backend == "metal" for e in t_gen if e.op != "linear")   # dense linear is F.linear
     assert {e.variant for e in t_gen if e.op == "linear"} == {"dense"}
 
@@ -95,9 +98,9 @@ def test_quantized_model_runs_qmv_and_qmm_and_equals_the_torch_path(quantize):
     assert type(m.lm_head).__name__ == "QuantizedWeight"
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(8))
     ref, _ = on("torch", lambda: m.forward(ids))
-    ref_tokens, _ = on("torch", lambda: m.generate(PROMPTS[:2], 5))
+    ref_tokens, _ = on("torch", lambda: generate(m, PROMPTS[:2], 5))
     got, t_prefill = on("metal", lambda: m.forward(ids))
-    tokens, t_gen = on("metal", lambda: m.generate(PROMPTS[:2], 5))
+    tokens, t_gen = on("metal", lambda: generate(m, PROMPTS[:2], 5))
     assert rel_error(got, ref) < 1e-5 and tokens == ref_tokens
     assert {e.variant for e in t_prefill if e.op == "linear"} >= {"qmm"}
     assert {e.variant for e in t_gen if e.op == "linear" and e.backend == "metal"} >= {"qmv"}

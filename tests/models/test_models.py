@@ -10,6 +10,7 @@ import torch
 import opforge
 from opforge.models import UnsupportedModelError, load
 from opforge.models.testing import TINY_LLAMA, random_weights, tiny_decoder, write_checkpoint
+from opforge.serve import generate, last_stats
 from opforge.testing import rel_error
 
 
@@ -41,15 +42,15 @@ def test_forward_matches_float64_own_model():
 def test_batched_prompts_of_different_lengths_equal_single_runs(model):
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (5, 17, 1, 11)]
-    batched = model.generate(prompts, 12)
-    singles = [model.generate(p, 12)[0] for p in prompts]
+    batched = generate(model, prompts, 12)
+    singles = [generate(model, p, 12)[0] for p in prompts]
     assert batched == singles
     assert len({tuple(s) for s in singles}) > 1
 
 
 def test_greedy_generation_equals_argmax_of_full_forward(model):
     prompt = [5, 9, 11, 3]
-    out = model.generate(prompt, 10)[0]
+    out = generate(model, prompt, 10)[0]
     seq = list(prompt)
     for _ in range(10):
         seq.append(int(model.forward(torch.tensor([seq]))[0, -1].argmax()))
@@ -58,74 +59,52 @@ def test_greedy_generation_equals_argmax_of_full_forward(model):
 
 def test_sampling_is_reproducible_with_a_seeded_generator(model):
     def run(seed):
-        return model.generate([[1, 2, 3], [7, 8]], 16, temperature=1.0, top_k=20, top_p=0.9,
+        return generate(model, [[1, 2, 3], [7, 8]], 16, temperature=1.0, top_k=20, top_p=0.9,
                               generator=torch.Generator().manual_seed(seed))
     assert run(7) == run(7)
     assert run(7) != run(8)
 
 
 def test_top_k_one_is_greedy(model):
-    greedy = model.generate([4, 5, 6], 8)
-    sampled = model.generate([4, 5, 6], 8, temperature=0.8, top_k=1, generator=torch.Generator().manual_seed(0))
+    greedy = generate(model, [4, 5, 6], 8)
+    sampled = generate(model, [4, 5, 6], 8, temperature=0.8, top_k=1, generator=torch.Generator().manual_seed(0))
     assert greedy == sampled
 
 
 def test_stop_ids_and_stream(model):
-    first = model.generate([4, 5, 6], 8)[0]
+    first = generate(model, [4, 5, 6], 8)[0]
     seen = []
-    out = model.generate([4, 5, 6], 8, stop_ids=[first[3]], stream=lambda b, t: seen.append((b, t)))
+    out = generate(model, [4, 5, 6], 8, stop_ids=[first[3]], stream=lambda b, t: seen.append((b, t)))
     stop_at = first.index(first[3])
     assert out[0] == first[:stop_at + 1]
     assert seen == [(0, t) for t in out[0]]
 
 
-@pytest.mark.parametrize("readback", [2, 3, 8, 40])
-def test_reading_tokens_back_in_chunks_changes_nothing_but_the_cadence(model, readback):
-    """readback > 1 (tokens gathered on the device, read once per chunk): the same tokens, stops
-    and stream calls as reading each step's, for batched prompts that stop at different steps,
-    greedy and seeded sampling, chunks that do not divide max_new_tokens; the cache lengths grow
-    by the steps launched, within the cache."""
+def test_stops_at_different_steps_in_a_batch(model):
+    """Batched prompts that stop at different steps (greedy and seeded sampling): each stream
+    call in order, each sequence cut at its own stop, greedy = the free run cut there."""
     prompts = [[4, 5, 6], [9, 1], [3, 3, 3, 3, 7]]
-    free = model.generate(prompts, 13)
+    free = generate(model, prompts, 13)
     stops = [free[0][2], free[1][9]]
     for kwargs in ({}, {"temperature": 0.9, "top_k": 12}):
-        results = []
-        for r in (1, readback):
-            seen = []
-            gen = torch.Generator().manual_seed(5)
-            out = model.generate(prompts, 13, stop_ids=stops, stream=lambda b, t: seen.append((b, t)),
-                                 generator=gen, readback=r, **kwargs)
-            results.append((out, seen, model.cache_seqlens[:3].tolist()))
-        (ref, ref_seen, ref_lens), (out, seen, lens) = results
-        assert out == ref and seen == ref_seen
+        seen = []
+        out = generate(model, prompts, 13, stop_ids=stops, stream=lambda b, t: seen.append((b, t)),
+                       generator=torch.Generator().manual_seed(5), **kwargs)
+        assert [[t for b, t in seen if b == i] for i in range(3)] == out
+        assert all(o[-1] in stops or len(o) == 13 for o in out)
+        assert all(t not in stops for o in out for t in o[:-1])
         assert len({len(o) for o in out}) > 1                    # the stops cut sequences at different steps
-        steps_run = min(13, 1 + -(-(max(len(o) for o in out) - 1) // readback) * readback)
-        assert lens == [len(p) + steps_run - 1 for p in prompts] and max(lens) <= model.max_seq_len
-        assert ref_lens == [len(p) + max(len(o) for o in ref) - 1 + (max(len(o) for o in ref) < 13)
-                            for p in prompts]
         if not kwargs:                                            # greedy: the free run, cut at the stops
             assert out == [f[:len(o)] for f, o in zip(free, out)]
-
-
-def test_chunked_steps_commit_on_mps_and_keep_their_events(monkeypatch):
-    """On MPS each step's work is committed by recording an event, which stays referenced until
-    the chunk's read (the real-MPS run is tests/models/test_model_mps.py); elsewhere no call."""
-    from opforge.models.generate import _commit
-    recorded = []
-
-    class Event:
-        def record(self):
-            recorded.append(self)
-    monkeypatch.setattr(torch.mps.event, "Event", Event)
-    event = _commit(torch.device("mps"))
-    assert recorded == [event] and isinstance(event, Event)
-    assert _commit(torch.device("cpu")) is None and len(recorded) == 1
+    again = generate(model, prompts, 13, stop_ids=stops, generator=torch.Generator().manual_seed(5),
+                     temperature=0.9, top_k=12)
+    assert again == out
 
 
 @pytest.mark.parametrize("readback", [0, -1, 1.5, True, "2"])
 def test_readback_must_be_a_positive_int(model, readback):
     with pytest.raises(ValueError, match="readback must be an int >= 1"):
-        model.generate([1, 2], 3, readback=readback)
+        generate(model, [1, 2], 3, readback=readback)
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen3"])
@@ -189,7 +168,7 @@ def test_quantized_models_run_close_to_dense():
         tiny_decoder(quantize="int8", max_seq_len=32, group_size=64)
     m4 = tiny_decoder(quantize="int4", max_seq_len=32, group_size=32)
     assert rel_error(m4.forward(ids), full.forward(ids)) < 0.5
-    assert len(m4.generate([1, 2, 3], 4)[0]) == 4
+    assert len(generate(m4, [1, 2, 3], 4)[0]) == 4
     # the oracle for a quantized model: the dense model with the weights it was given (dequantized)
     for quantized in (m, m4):
         assert rel_error(quantized.forward(ids), _dequantized_twin(quantized).forward(ids)) < 1e-5
@@ -240,33 +219,17 @@ def test_trace_of_a_decode_step_lists_every_op_with_its_backend(model):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("ctx", [1, 37, 100])
-def test_graph_replay_equals_eager_step(ctx):
-    from opforge.models.generate import _GraphStep
-    m = tiny_decoder(device="cuda", dtype=torch.bfloat16, max_batch=1)
-    ids = torch.randint(0, 64, (1, ctx + 1), generator=torch.Generator().manual_seed(ctx))
-    m.prefill(ids[:, :ctx], torch.tensor([ctx]))
-    token = ids[:, ctx].cuda()
-    eager = m.decode_step(token, m.cache_seqlens[:1]).clone()
-    assert torch.equal(_GraphStep(m, 1)(token), eager)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_generation_with_graphs_equals_eager():
-    """Greedy generation (argmax, the lengths' increment and the next tokens captured with the
-    step) and seeded sampling give the same tokens and cache lengths with CUDA graphs as
-    without, for one prompt and for two of different lengths, also when a captured step is
-    reused."""
-    m = tiny_decoder(device="cuda", dtype=torch.bfloat16, max_batch=2)
+    """Greedy generation and seeded sampling give the same tokens with CUDA graphs as without,
+    for one prompt and for two of different lengths, twice."""
+    m = tiny_decoder(device="cuda", dtype=torch.bfloat16)
     for prompts in ([[1, 2, 3, 4, 5]], [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]):
-        b = len(prompts)
-        eager = m.generate(prompts, 12, graphs=False)
-        eager_lens = m.cache_seqlens[:b].clone()
+        eager = generate(m, prompts, 12, graphs=False)
         for _ in range(2):
-            assert m.generate(prompts, 12, graphs=True) == eager
-            assert torch.equal(m.cache_seqlens[:b], eager_lens)
-        sampled = [m.generate(prompts, 8, temperature=0.8, top_k=10, graphs=graphs,
-                              generator=torch.Generator("cuda").manual_seed(3)) for graphs in (False, True)]
+            assert generate(m, prompts, 12, graphs=True) == eager
+        assert last_stats(m).graphs and last_stats(m).capture_s > 0
+        sampled = [generate(m, prompts, 8, temperature=0.8, top_k=10, graphs=graphs,
+                            generator=torch.Generator("cuda").manual_seed(3)) for graphs in (False, True)]
         assert sampled[0] == sampled[1]
 
 
@@ -276,18 +239,28 @@ _NATIVE = ("attention", "decode_attention", "rotary_embedding", "kv_cache_append
 @pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                     reason="needs a GPU or Triton's interpreter")
 def test_triton_kernels_compose_with_the_decoder_layouts():
-    """The Triton kernels (interpreter on CPU) on the decoder's strided views equal the torch path."""
+    """The Triton kernels (interpreter on CPU) on the decoder's strided views equal the torch path:
+    the full forward, the static cache's prefill and decode steps, and ``generate`` (paged cache)."""
     m = tiny_decoder(max_seq_len=32, max_batch=2, device="cuda" if torch.cuda.is_available() else "cpu")
     ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
     prompts = [[1, 2, 3], [4, 5, 6, 7]]
+
+    def static_steps() -> torch.Tensor:
+        logits = [m.prefill(ids[:, :3], torch.tensor([3, 3]))]
+        for t in range(3, 6):
+            logits.append(m.decode_step(ids[:, t].to(m.device), m.cache_seqlens[:2]))
+            m.cache_seqlens[:2].add_(1)
+        return torch.stack(logits)
     with opforge.backend("torch"):
-        ref, ref_tokens = m.forward(ids), m.generate(prompts, 4, graphs=False)
+        ref, ref_steps, ref_tokens = m.forward(ids), static_steps(), generate(m, prompts, 4, graphs=False)
     with opforge.backend("triton"), opforge.trace() as t:
-        got, tokens = m.forward(ids), m.generate(prompts, 4, graphs=False)
-    assert rel_error(got, ref) < 1e-5
+        got, steps, tokens = m.forward(ids), static_steps(), generate(m, prompts, 4, graphs=False)
+    assert rel_error(got, ref) < 1e-5 and rel_error(steps, ref_steps) < 1e-5
+    assert rel_error(steps, ref[:, 2:].transpose(0, 1)) < 1e-5
     assert tokens == ref_tokens
     ran = {e.op for e in t if e.backend == "triton"}
-    assert set(_NATIVE) | {"rms_norm", "add_rms_norm", "swiglu"} <= ran, ran
+    paged = {"paged_attention", "paged_rotary_kv_cache_append"}
+    assert set(_NATIVE) | paged | {"rms_norm", "add_rms_norm", "swiglu"} <= ran, ran
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
@@ -296,7 +269,7 @@ def test_triton_kernels_compose_with_the_decoder_layouts():
 def test_argmax_rows_equals_argmax_ties_included(device, dtype, vocab):
     """The two-stage greedy argmax gives torch's index (the first maximum) on fresh random rows,
     on rows whose maximum repeats inside a chunk and across chunks, and on constant rows."""
-    from opforge.models.generate import _argmax_chunk, argmax_rows
+    from opforge.serve.sampling import _argmax_chunk, argmax_rows
     gen = torch.Generator().manual_seed(vocab)
     x = torch.randn(6, vocab, generator=gen).to(device, dtype)
     x[1, vocab // 3] = x[1, vocab - 1] = 50.0            # the same maximum in two chunks

@@ -14,6 +14,7 @@ import torch
 
 from opforge.models import load
 from opforge.models.config import SUPPORTED
+from opforge.serve import generate
 from opforge.testing import rel_error
 
 transformers = pytest.importorskip("transformers")
@@ -66,4 +67,4 @@ def test_float32_logits_and_greedy_tokens_equal_transformers(model_type, tmp_pat
     err = rel_error(got, ref)
     assert err <= 1e-4, err
     assert ref.std() > 0.5                       # real logits, not near zero
-    assert ours.generate(ids, 32)[0] == hf_tokens
+    assert generate(ours, ids, 32)[0] == hf_tokens

@@ -40,9 +40,23 @@ def test_launcher_finds_the_pdl_parameter():
 _STEPS = r"""
 import json, sys, torch
 from opforge.models.testing import tiny_decoder
-from opforge.models.generate import _GraphStep
 from opforge.runtime.triton import pdl
+from opforge.serve import generate
 out = {"pdl": pdl.on(torch.device("cuda"))}
+
+
+def captured(step):   # a CUDA graph of step() (warmed up off the capture) and its output tensor
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(), step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits = step()
+    return graph, logits
+
+
 for quant, batch in ((None, 1), ("int4", 1), ("int8", 2)):
     torch.manual_seed(0)
     m = tiny_decoder(device="cuda", dtype=torch.bfloat16, max_batch=2, max_seq_len=1024, quantize=quant,
@@ -51,9 +65,12 @@ for quant, batch in ((None, 1), ("int4", 1), ("int8", 2)):
     m.prefill(ids, torch.tensor([700] * batch))             # long enough for decode attention's splits
     tok = ids[:, -1].cuda()
     eager = m.decode_step(tok, m.cache_seqlens[:batch]).double()
-    graph = _GraphStep(m, batch)
-    replays = [graph(tok).double().clone() for _ in range(3)]
-    tokens = m.generate(ids[:, :300].tolist(), 12)
+    graph, logits = captured(lambda: m.decode_step(tok, m.cache_seqlens[:batch]))
+    replays = []
+    for _ in range(3):
+        graph.replay()
+        replays.append(logits.double().clone())
+    tokens = generate(m, ids[:, :300].tolist(), 12)
     out[f"{quant} b{batch}"] = {"eager": eager.flatten().tolist(), "graph": [r.flatten().tolist() for r in replays],
                                 "tokens": tokens}
 print("RESULT " + json.dumps(out))

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from opforge.models import load
+from opforge.serve import generate
 
 from serving import MAX_MODEL_LEN, MODEL, ThreadServer, metric, model_dir
 
@@ -47,7 +48,7 @@ def tokenizer(directory):
 def reference(directory):
     """Greedy token ids of a prompt from ``opforge.models``' own generate (no engine, no server)."""
     model = load(directory, device="cpu", dtype=__import__("torch").float32, max_seq_len=MAX_MODEL_LEN)
-    return lambda ids, n: model.generate(ids, n)[0]
+    return lambda ids, n: generate(model, ids, n)[0]
 
 
 def sse(response: httpx.Response) -> list[str]:

@@ -12,7 +12,7 @@ import torch
 
 import opforge
 from opforge.models.testing import tiny_decoder
-from opforge.serve import LLM, Engine, EngineStoppedError, RequestOutput, SamplingParams
+from opforge.serve import LLM, Engine, EngineStoppedError, RequestOutput, SamplingParams, generate
 from opforge.testing import DEVICE
 
 EOS = 2
@@ -31,7 +31,7 @@ def solo(model):
     def run(prompt: list[int], max_tokens: int, stop_at_eos: bool = False) -> list[int]:
         key = (tuple(prompt), max_tokens, stop_at_eos)
         if key not in memo:
-            memo[key] = model.generate([prompt], max_tokens, stop_ids=(EOS,) if stop_at_eos else ())[0]
+            memo[key] = generate(model, [prompt], max_tokens, stop_ids=(EOS,) if stop_at_eos else ())[0]
         return memo[key]
     return run
 

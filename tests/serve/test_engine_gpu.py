@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from opforge.models.testing import TINY_LLAMA, tiny_decoder
-from opforge.serve import Engine, SamplingParams
+from opforge.serve import Engine, SamplingParams, generate
 
 pytestmark = pytest.mark.gpu
 
@@ -44,7 +44,7 @@ def test_float32_tokens_equal_solo_generate_with_graphs_on():
     model = tiny_decoder(MID_LLAMA, device="cuda", dtype=torch.float32, max_seq_len=512)
     prompts = _prompts(24, MID_LLAMA["vocab_size"], seed=1)
     got = _serve(Engine(model, max_num_seqs=32, kv_blocks=1000, max_num_batched_tokens=512), prompts, 32)
-    assert got == [model.generate([p], 32)[0] for p in prompts]
+    assert got == [generate(model, [p], 32)[0] for p in prompts]
 
 
 def test_bf16_batch_invariance_is_reported_and_runs_are_deterministic():

@@ -32,6 +32,7 @@ def test_size_for_keeps_a_sequence_for_the_padding(model):
     assert g.size_for(3, 33) == (4, 64)
     assert g.size_for(6, 100) == (7, 100)
     assert g.size_for(7, 10) is None and g.size_for(2, 101) is None
+    assert not g.ready(1, 20)           # nothing captured (off CUDA nothing ever is): the engine runs eagerly
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

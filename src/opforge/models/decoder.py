@@ -1,12 +1,17 @@
-"""The decoder: a Llama-family transformer built from opforge's ops, with a static KV cache.
+"""The decoder: a Llama-family transformer built from opforge's ops, and its step functions.
 
 Layout. Weights: per layer one fused q|k|v projection and one fused gate|up projection (fewer
-launches per decode step). KV cache: one (max_batch, Hkv, max_seq_len, D) tensor per layer for k
-and for v, the layout ``decode_attention`` reads. Batches of prompts of different lengths are
-**right-padded**: every sequence starts at position 0, the causal prefill never lets a real
-token see the padding behind it, and each sequence's ``cache_seqlens[b]`` is its own length, so a
-decode step appends each sequence's token at its own position and the padding left in the cache
-is overwritten before anything reads it.
+launches per decode step). Two KV caches, each used by its own step functions:
+
+- the paged cache (``paged_cache``, ``paged_step``): the serving engine's (``opforge.serve``),
+  which ``opforge.generate`` and the servers decode with;
+- a static cache (``prefill``, ``decode_step``): one (max_batch, Hkv, max_seq_len, D) tensor per
+  layer for k and for v, the layout ``decode_attention`` reads, allocated on the first
+  ``prefill`` (the prefill benchmark and the layout tests use it). Batches of prompts of
+  different lengths are **right-padded**: every sequence starts at position 0, the causal
+  prefill never lets a real token see the padding behind it, and each sequence's
+  ``cache_seqlens[b]`` is its own length, so a decode step appends each sequence's token at its
+  own position and the padding left in the cache is overwritten before anything reads it.
 """
 from __future__ import annotations
 
@@ -18,7 +23,6 @@ import torch
 from .. import api as opforge
 
 from .config import ModelConfig, rope_tables
-from .generate import GenerationStats, generate, last_stats
 
 
 @dataclass
@@ -45,9 +49,10 @@ class PagedCache:
 
 
 class Decoder:
-    """A loaded model: weights, rope tables, KV cache, and ``forward``/``prefill``/``decode_step``.
+    """A loaded model: weights, rope tables, and ``forward``, ``paged_step`` (the serving engine's
+    model call), ``prefill``/``decode_step`` (over the static cache).
 
-    Made by ``opforge.models.load``; ``generate`` lives in ``opforge.models.generate``.
+    Made by ``opforge.models.load``; ``opforge.generate`` (``opforge.serve``) decodes with it.
 
     Example:
         >>> import torch
@@ -66,14 +71,36 @@ class Decoder:
         self.config, self.embed, self.layers, self.norm, self.lm_head = config, embed, layers, norm, lm_head
         self.max_seq_len, self.max_batch, self.device, self.dtype = max_seq_len, max_batch, device, dtype
         self.cos, self.sin = rope_tables(config, max_seq_len, device)
-        shape = (max_batch, config.num_kv_heads, max_seq_len, config.head_dim)
-        self.k_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
-        self.v_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
-        self.cache_seqlens = torch.zeros(max_batch, device=device, dtype=torch.int32)
+        self._static: Optional[tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = None
         self.scale = config.head_dim ** -0.5
         # CPU: the ops always check cache ranges. CUDA: never read seqlens on the host (graph capture,
-        # no sync per step); prefill checks sizes itself and generate keeps seqlens in range.
+        # no sync per step); prefill checks sizes itself, and the callers keep seqlens in range.
         self._check = None if device.type != "cuda" else False
+
+    # ---- the static KV cache (allocated on first use) -------------------------------------------
+    def _static_cache(self) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        if self._static is None:
+            c = self.config
+            shape = (self.max_batch, c.num_kv_heads, self.max_seq_len, c.head_dim)
+            self._static = ([torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers],
+                            [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers],
+                            torch.zeros(self.max_batch, device=self.device, dtype=torch.int32))
+        return self._static
+
+    @property
+    def k_cache(self) -> list[torch.Tensor]:
+        """The static cache's keys: per layer (max_batch, Hkv, max_seq_len, D)."""
+        return self._static_cache()[0]
+
+    @property
+    def v_cache(self) -> list[torch.Tensor]:
+        """The static cache's values, shaped as ``k_cache``."""
+        return self._static_cache()[1]
+
+    @property
+    def cache_seqlens(self) -> torch.Tensor:
+        """(max_batch,) int32: positions filled in the static cache, per sequence."""
+        return self._static_cache()[2]
 
     # ---- one layer ---------------------------------------------------------------------------
     def _project_qkv(self, layer: Layer, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -159,7 +186,7 @@ class Decoder:
         seqlens.copy_(lengths)
         return self.logits(last).float()
 
-    # ---- one decode step (what the CUDA graph captures) ---------------------------------------------
+    # ---- one decode step over the static cache (a pure function of its inputs: capturable) -----------
     def decode_step(self, tokens: torch.Tensor, seqlens: torch.Tensor, float_logits: bool = True) -> torch.Tensor:
         """Append one token per sequence at ``seqlens[b]`` and return logits (B, V), float32 (or in
         the model's dtype with ``float_logits=False``: greedy decoding needs no float copy).
@@ -248,15 +275,6 @@ class Decoder:
                 [getattr(layer, f) for layer in self.layers for f in Layer.__dataclass_fields__]:
             total += _nbytes(obj)
         return total
-
-    def generate(self, input_ids: Any, max_new_tokens: int, **kwargs: Any) -> list[list[int]]:
-        """See ``opforge.models.generate.generate``."""
-        return generate(self, input_ids, max_new_tokens, **kwargs)
-
-    @property
-    def last_stats(self) -> Optional[GenerationStats]:
-        """Timings of this model's last ``generate`` call (None before the first)."""
-        return last_stats(self)
 
 
 def _nbytes(obj: Any) -> int:

@@ -52,7 +52,8 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
             ``opforge.io.gguf_blocks``; its head too, if quantized); ``"dense"``: dequantized to
             ``dtype``; ``"int8"`` or ``"int4"``: quantized by opforge from the float weights
             (a GGUF file's quantized ones first dequantized), the head dense unless ``quantize_head``.
-        max_seq_len, max_batch: the static KV cache, preallocated here.
+        max_seq_len, max_batch: the longest sequence (rope tables, the engine's ``max_model_len`` at
+            most) and the static cache's batch (allocated by the first ``prefill``).
         group_size: quantization group along the input dimension.
         quantize_head: with ``quantize``, also quantize the output head (the largest single
             weight a decode step reads: 0.53 GB of the 1B model's 2.47). With tied embeddings

@@ -8,6 +8,8 @@
     llm = LLM("path/to/checkpoint")             # offline: many prompts at once
     outputs = llm.generate(prompts, SamplingParams(max_tokens=64))
 
+    new_ids = generate(model, [prompt_ids], 64)  # token ids in, token ids out (on an engine of its own)
+
 Example:
     >>> from opforge.models.testing import tiny_decoder
     >>> from opforge.serve import LLM, SamplingParams
@@ -16,9 +18,10 @@ Example:
     ([4, 4], 'length')
 """
 from .engine import Engine, EngineStoppedError
+from .generate import GenerationStats, generate, last_stats
 from .llm import LLM, CompletionOutput
 from .sampling import SamplingParams
 from .stream import EngineStats, RequestOutput, RequestStream
 
 __all__ = ["Engine", "EngineStoppedError", "LLM", "CompletionOutput", "SamplingParams", "RequestOutput",
-           "RequestStream", "EngineStats"]
+           "RequestStream", "EngineStats", "generate", "GenerationStats", "last_stats"]

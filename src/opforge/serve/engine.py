@@ -30,11 +30,10 @@ from typing import Any, Optional, Union
 
 import torch
 
-from ..models.generate import argmax_rows
 from .graphs import DecodeGraphs
 from .mixed_graphs import MixedGraphs
 from .kv_cache import SCRATCH_BLOCK, BlockManager
-from .sampling import SamplingParams, make_generator, release_text, sample_rows
+from .sampling import SamplingParams, argmax_rows, make_generator, release_text, sample_rows
 from .scheduler import FINISHED, Chunk, Scheduler, Sequence
 from .stream import EngineStats, RequestOutput, RequestStream
 from .tokenizer import Detokenizer, encode
@@ -103,8 +102,8 @@ class Engine:
         max_prefill_tokens_while_decoding: prompt tokens at most in a step that also decodes
             (None: the step's budget); bounds how long a new prompt holds up running sequences'
             next tokens. Off by default: no clear gain measured (docs/server.md).
-        cuda_graphs: on CUDA, replay decode-only steps, and steps with prefill of up to 2048
-            tokens, from CUDA graphs (``graphs``, ``mixed_graphs``).
+        cuda_graphs: on CUDA, replay decode-only steps from CUDA graphs (``graphs``), and after
+            ``warm_up`` steps with prefill of up to 2048 tokens too (``mixed_graphs``).
         overlap: launch a greedy decode step's successor before reading its tokens (see
             ``step``), so the host's per-token work runs while the device computes. On by
             default: on an H100 (1B, bf16) it took batch-1 decoding from ~480 to ~830 tokens/s.
@@ -230,6 +229,11 @@ class Engine:
         with self._lock:
             return request_id in self._requests
 
+    @property
+    def graph_capture_s(self) -> float:
+        """Seconds spent capturing CUDA graphs so far (0.0 without them)."""
+        return 0.0 if self._graphs is None else self._graphs.capture_s
+
     def stats(self) -> EngineStats:
         """Counts of sequences and blocks, prefix-cache lookups, the last step's time."""
         with self._lock:
@@ -340,7 +344,7 @@ class Engine:
                     fed = prev.greedy[(where_t.pin_memory() if dev.type == "cuda" else where_t).to(dev, non_blocking=True)]
             if self._graphs is not None and decode_only and self._graphs.size_for(len(chunks)) is not None:
                 logits, greedy = self._graphs.run(ids if fed is None else fed, tables, starts)
-            elif fed is None and self._mixed is not None and self._mixed.size_for(len(chunks), cu[-1]) is not None:
+            elif fed is None and self._mixed is not None and self._mixed.ready(len(chunks), cu[-1]):
                 logits, greedy = self._mixed.run(ids, tables, starts, cu, rows)
             else:
                 width = max(len(t) for t in tables)

@@ -14,12 +14,13 @@ Example:
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from ..models.generate import argmax_rows
 from .block_tables import SlotTables
+from .sampling import argmax_rows
 
 
 def padded_sizes(max_num_seqs: int) -> list[int]:
@@ -56,6 +57,7 @@ class DecodeGraphs:
         self._turn = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        self.capture_s = 0.0            # seconds spent capturing so far (warm-up steps included)
 
     def size_for(self, batch: int) -> Optional[int]:
         """The padded size a decode step of ``batch`` sequences runs at (None: too many)."""
@@ -120,6 +122,8 @@ class DecodeGraphs:
     def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         # warm up off the capture (compiles kernels); the inputs already hold this step's values, so
         # the cache writes of the warm-up are the ones the replay makes
+        torch.cuda.synchronize(self.model.device)     # (capture_s times the capture alone)
+        t0 = time.perf_counter()
         stream = torch.cuda.Stream(self.model.device)
         stream.wait_stream(torch.cuda.current_stream(self.model.device))
         with torch.cuda.stream(stream):
@@ -130,4 +134,6 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self._pool):
             logits = self._step(n)
             greedy = argmax_rows(logits)
+        torch.cuda.synchronize(self.model.device)
+        self.capture_s += time.perf_counter() - t0
         return graph, logits, greedy

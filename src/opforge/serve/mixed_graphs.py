@@ -11,7 +11,8 @@ sequences after it get no tokens. ``max_query_len`` is the padded token count, s
 query tiles are in the grid (tiles past a sequence's own count return at once). Logits are
 computed for one row per padded sequence: the sampled rows first, then row 0 again.
 
-Off CUDA the same padded step runs eagerly (what the tests check against the unpadded step).
+The engine replays only the sizes its warm-up captured. Off CUDA the same padded step runs eagerly
+(what the tests check against the unpadded step).
 
 Example:
     >>> token_sizes(300)
@@ -23,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..models.generate import argmax_rows
+from .sampling import argmax_rows
 from .block_tables import SlotTables
 from .graphs import padded_sizes
 
@@ -76,6 +77,14 @@ class MixedGraphs:
         n = next((s for s in self.seq_sizes if s >= seqs + 1), None)
         t = next((s for s in self.token_sizes if s >= tokens), None)
         return None if n is None or t is None else (n, t)
+
+    def ready(self, seqs: int, tokens: int) -> bool:
+        """Whether a step of ``seqs`` sequences and ``tokens`` tokens replays a captured graph. The
+        engine replays only what ``capture_all`` (its warm-up) captured: a capture mid-serving would
+        stall every stream for three runs of the step, and a one-off prefill (``generate``) would
+        pay that for nothing."""
+        size = self.size_for(seqs, tokens)
+        return size is not None and size in self._graphs
 
     def run(self, ids: Sequence[int], tables: Sequence[list[int]], starts: Sequence[int], cu: Sequence[int],
             rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

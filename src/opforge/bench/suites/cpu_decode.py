@@ -37,6 +37,7 @@ def measure(rounds: int = ROUNDS, new_tokens: int = NEW_TOKENS) -> dict[str, Any
     from opforge.bench.envinfo import collect
     from opforge.models import load
     from opforge.models.testing import smollm2_gguf, transformers_from_gguf
+    from opforge.serve import generate, last_stats
 
     from .model_peers import transformers_decode_tokens_per_s
 
@@ -50,13 +51,13 @@ def measure(rounds: int = ROUNDS, new_tokens: int = NEW_TOKENS) -> dict[str, Any
     with torch.no_grad():
         their_tokens = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                        do_sample=False, pad_token_id=0)[0, len(PROMPT):].tolist()
-    our_tokens = ours.generate(list(PROMPT), new_tokens)[0]
+    our_tokens = generate(ours, list(PROMPT), new_tokens)[0]
     samples: dict[str, list[float]] = {"opforge": [], "transformers": []}
     for k in range(rounds):
         for name in (("opforge", "transformers") if k % 2 == 0 else ("transformers", "opforge")):
             if name == "opforge":
-                ours.generate(list(PROMPT), new_tokens)
-                samples[name].append(ours.last_stats.decode_tokens_per_s)
+                generate(ours, list(PROMPT), new_tokens)
+                samples[name].append(last_stats(ours).decode_tokens_per_s)
             else:
                 samples[name].append(transformers_decode_tokens_per_s(theirs, ids, new_tokens, device,
                                                                       warmup_tokens=0))

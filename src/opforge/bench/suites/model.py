@@ -66,15 +66,10 @@ def _our_points(g: Grid, device: torch.device) -> list[str]:
         (["peak memory"] if device.type == "cuda" else [])
 
 
-def _kv_bytes_per_token(model: Any) -> int:
-    """Bytes of K and V of one token over all layers (what a decode step reads per cached token)."""
-    k = model.k_cache[0]
-    return 2 * len(model.k_cache) * k.shape[1] * k.shape[3] * k.element_size()
-
-
 def _ours(path: str, precision: str, device: torch.device, g: Grid, shape: str, bandwidth: float,
           run: _Run) -> None:
     from opforge.models import load
+    from opforge.serve import generate, last_stats
     points = _our_points(g, device)
     if not run.start("opforge", precision, points[0]):
         for what in points[1:]:
@@ -89,7 +84,7 @@ def _ours(path: str, precision: str, device: torch.device, g: Grid, shape: str, 
                  group_size=32 if shape == "tiny" else 128)
     weight_bytes = model.weight_bytes()
     head = model.lm_head.numel() * model.lm_head.element_size() if isinstance(model.lm_head, torch.Tensor) else 0
-    kv_token = _kv_bytes_per_token(model)
+    kv_token = model.kv_bytes_per_token()
     limit = bandwidth * 1e9 / weight_bytes
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -101,13 +96,14 @@ def _ours(path: str, precision: str, device: torch.device, g: Grid, shape: str, 
         new = g.new_tokens(c)
         try:
             prompts = torch.randint(0, vocab, (b, c), generator=gen)
-            if b not in captured:                   # compile, capture this batch size's graph
-                model.generate(prompts, 4)
+            if b not in captured:                   # warm up: compile this batch size's kernels (each call
+                                                    # captures its own graphs, excluded from the timing)
+                generate(model, prompts, 4)
                 captured.add(b)
             runs = []
             for _ in range(3):
-                model.generate(prompts, new)
-                runs.append(model.last_stats.decode_tokens_per_s)
+                generate(model, prompts, new)
+                runs.append(last_stats(model).decode_tokens_per_s)
             tps = sorted(runs)[1]
             kv = b * (c + new // 2) * kv_token      # mean cache a step reads
             run.record("opforge", precision, what, tps, pct_of_limit=100 * (tps / b) / limit,

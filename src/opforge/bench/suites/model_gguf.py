@@ -33,6 +33,7 @@ def _prompts(tokenizer: Any, batch: int, context: int) -> torch.Tensor:
 
 def _opforge(path: str, precision: str, device: torch.device, points: tuple, new: int, run: _Run) -> None:
     from opforge.models import load
+    from opforge.serve import generate, last_stats
     if not run.start("opforge", precision, "load"):
         return
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -46,12 +47,12 @@ def _opforge(path: str, precision: str, device: torch.device, points: tuple, new
         try:
             prompts = _prompts(model.tokenizer, b, c)
             if b not in captured:
-                model.generate(prompts, 4)
+                generate(model, prompts, 4)
                 captured.add(b)
             runs = []
             for _ in range(3):
-                model.generate(prompts, new)
-                runs.append(model.last_stats.decode_tokens_per_s)
+                generate(model, prompts, new)
+                runs.append(last_stats(model).decode_tokens_per_s)
             run.record("opforge", precision, what, sorted(runs)[1], weight_bytes=model.weight_bytes(), batch=b,
                        context=c, new_tokens=new, compute_dtype=str(dtype).removeprefix("torch."))
         except Exception as exc:

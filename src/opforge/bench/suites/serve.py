@@ -14,8 +14,10 @@ submission to the last token), time to first token p50/p99, peak GPU memory, pre
 rate, preemptions. Greedy decoding; end-of-sequence ignored, so every request makes its tokens.
 
 ``opforge`` runs the engine as it is by default (overlapped decode steps: a greedy decode step's
-successor launched before its tokens are read); ``opforge-serial`` with ``overlap=False``. Peers in the same run: ``static`` (``opforge.models.generate`` on batches of 32 in arrival order,
-each batch running to its longest request; tokens/s counts the requested tokens only) and
+successor launched before its tokens are read); ``opforge-serial`` with ``overlap=False``. Peers in the same run: ``static`` (``opforge.generate`` on batches of 32 in arrival order: a batch
+ends with its longest request, the next waits for it; tokens/s counts the requested tokens only.
+``generate`` runs the engine, so since it became the engine's client this peer measures static
+batching by the same loop, no longer a static-cache loop of its own) and
 ``transformers`` (its continuous batching, ``generate_batch``'s manager with each request's own
 ``max_new_tokens``; when importable; an error is recorded, the run goes on; by default on CUDA
 only, as its start-up takes ~50 s per run on a CPU).
@@ -62,8 +64,8 @@ class Workload:
 
     @property
     def static_longest(self) -> int:
-        """Positions static ``generate`` needs: its batches of ``STATIC_BATCH`` run every request
-        to the batch's longest prompt plus its most new tokens."""
+        """Positions ``generate`` on batches of ``STATIC_BATCH`` needs: a batch's longest prompt
+        plus its most new tokens (what ``generate`` checks against ``max_seq_len``)."""
         spans = []
         for i in range(0, len(self.prompts), STATIC_BATCH):
             batch = range(i, min(i + STATIC_BATCH, len(self.prompts)))
@@ -149,14 +151,15 @@ def run_engine(model: Any, w: Workload, device: torch.device, max_num_seqs: int,
 
 
 def run_static(model: Any, w: Workload, device: torch.device) -> dict[str, Any]:
-    """Today's ``generate`` in batches of ``STATIC_BATCH`` in arrival order (one warm-up batch first)."""
+    """``opforge.generate`` in batches of ``STATIC_BATCH`` in arrival order (one warm-up batch first)."""
+    from opforge.serve import generate
     batches = [range(i, min(i + STATIC_BATCH, len(w.prompts))) for i in range(0, len(w.prompts), STATIC_BATCH)]
-    model.generate([w.prompts[i] for i in batches[0]], 2)
+    generate(model, [w.prompts[i] for i in batches[0]], 2)
     _reset_peak(device)
     sync(device)
     t0 = time.perf_counter()
     for batch in batches:
-        model.generate([w.prompts[i] for i in batch], max(w.outputs[i] for i in batch))
+        generate(model, [w.prompts[i] for i in batch], max(w.outputs[i] for i in batch))
     sync(device)
     wall = time.perf_counter() - t0
     return {"tokens_per_s": sum(w.outputs) / wall, "generated": sum(w.outputs), "wall_s": wall,
@@ -237,8 +240,7 @@ def run_serve_suite(shapes: Optional[list[str]] = None, device: Optional[str] = 
             write_random_checkpoint(config, directory, dev if dev.type == "cuda" else "cpu")
             for precision in precisions:
                 quantize = None if precision == "bf16" else precision
-                model = load(directory, device=dev, dtype=dtype, quantize=quantize, max_seq_len=longest + 8,
-                             max_batch=STATIC_BATCH if "static" in impls else 1)
+                model = load(directory, device=dev, dtype=dtype, quantize=quantize, max_seq_len=longest + 8)
                 max_num_seqs = max(len(w.prompts) for w in ws)
                 for impl in ("opforge", "opforge-serial"):
                     if impl in impls:

@@ -12,7 +12,8 @@ on MPS, the torch path elsewhere), runs it and, inside ``opforge.trace()``, reco
 """
 from __future__ import annotations
 
-from typing import Optional
+import weakref
+from typing import Any, Optional
 
 import torch
 
@@ -31,21 +32,50 @@ _valid_rotary_append: LRU[tuple, object] = LRU(4096, "paged_rotary_kv_cache_appe
 _valid_attention: LRU[tuple, tuple] = LRU(4096, "paged_attention.valid_signatures")
 
 
+class _CheckedValues:
+    """The index tensors whose values last passed an op's host check, with their version counters:
+    a model calls an op once per layer with the same tables and lengths, so the check runs once
+    per step. A tensor changed in place (its version moves) or a new tensor is checked again."""
+
+    def __init__(self) -> None:
+        self._last: tuple = (None, ())
+
+    def seen(self, key: Any, tensors: tuple) -> bool:
+        last_key, refs = self._last
+        return last_key == key and len(refs) == len(tensors) and \
+            all(ref() is t and t._version == version for (ref, version), t in zip(refs, tensors))
+
+    def remember(self, key: Any, tensors: tuple) -> None:
+        if any(t.is_inference() for t in tensors):    # no version counter: checked every call
+            self._last = (None, ())
+            return
+        self._last = (key, tuple((weakref.ref(t), t._version) for t in tensors))
+
+
+_checked_append, _checked_rotary_append, _checked_attention = _CheckedValues(), _CheckedValues(), _CheckedValues()
+
+
 def _indices_as_given(call, block_tables, cache_seqlens, cu_seqlens) -> bool:
     """Validation kept the caller's index tensors (no contiguous copy): the signature may be reused."""
     return call.block_tables is block_tables and call.cache_seqlens is cache_seqlens and call.cu_seqlens is cu_seqlens
 
 
+def _fast(call, problem) -> bool:
+    """The fast torch forms apply: float32/half CPU tensors (whose indices the public function checked)."""
+    return problem.device_type == "cpu" and problem.dtype != torch.float64
+
+
 def _torch_launch(call):
     if isinstance(call, AttentionCall):
-        return reference.paged_attention(call.q, call.k_pages, call.v_pages, call.block_tables, call.cache_seqlens,
-                                         call.cu_seqlens, call.scale)
+        attend = reference.fast_paged_attention if _fast(call, call.problem) else reference.paged_attention
+        return attend(call.q, call.k_pages, call.v_pages, call.block_tables, call.cache_seqlens, call.cu_seqlens,
+                      call.scale)
     if isinstance(call, RotaryAppendCall):
         app = call.app
-        return reference.paged_rotary_kv_cache_append(call.q, app.k, app.v, app.k_pages, app.v_pages,
-                                                      app.block_tables, app.cache_seqlens, app.cu_seqlens, call.cos,
-                                                      call.sin, call.positions, call.problem.interleaved,
-                                                      call.inplace)
+        append = reference.fast_paged_rotary_kv_cache_append if _fast(call, call.problem) \
+            else reference.paged_rotary_kv_cache_append
+        return append(call.q, app.k, app.v, app.k_pages, app.v_pages, app.block_tables, app.cache_seqlens,
+                      app.cu_seqlens, call.cos, call.sin, call.positions, call.problem.interleaved, call.inplace)
     return reference.paged_kv_cache_append(call.k_pages, call.v_pages, call.k, call.v, call.block_tables,
                                            call.cache_seqlens, call.cu_seqlens)
 
@@ -123,7 +153,10 @@ def paged_kv_cache_append(k_pages: torch.Tensor, v_pages: torch.Tensor, k: torch
         if _indices_as_given(call, block_tables, cache_seqlens, cu_seqlens):
             _valid_append.put(sig, call.problem)
     if wants_check(check, call.problem.device_type):
-        check_append_values(call)
+        indices = (call.block_tables, call.cache_seqlens, call.cu_seqlens)
+        if not _checked_append.seen(call.problem, indices):
+            check_append_values(call)
+            _checked_append.remember(call.problem, indices)
     if call.k.numel() == 0:
         return None
     dispatch.run("paged_kv_cache_append", call, call.k)
@@ -182,8 +215,14 @@ def paged_rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if _indices_as_given(call.app, block_tables, cache_seqlens, cu_seqlens) and call.positions is positions:
             _valid_rotary_append.put(sig, call.problem)
     if wants_check(check, call.problem.device_type):
-        check_append_values(call.app)
-        _check_positions(call)
+        app = call.app
+        indices = (app.block_tables, app.cache_seqlens, app.cu_seqlens) + \
+            ((call.positions,) if call.positions is not None else ())
+        key = (call.problem, call.cos.shape[0], call.positions is None)
+        if not _checked_rotary_append.seen(key, indices):
+            check_append_values(app)
+            _check_positions(call)
+            _checked_rotary_append.remember(key, indices)
     if call.q.numel() == 0 and call.app.k.numel() == 0:
         return q if inplace else torch.empty_like(q)
     return dispatch.run("paged_rotary_kv_cache_append", call, call.q)
@@ -260,7 +299,10 @@ def paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tenso
         if _indices_as_given(call, block_tables, cache_seqlens, cu_seqlens):
             _valid_attention.put(sig, (call.problem, call.scale))
     if attention_wants_check(call.problem.device_type):
-        check_attention_values(call)
+        indices = (call.block_tables, call.cache_seqlens, call.cu_seqlens)
+        if not _checked_attention.seen(call.problem, indices):
+            check_attention_values(call)
+            _checked_attention.remember(call.problem, indices)
     p = call.problem
     if p.tokens * p.q_heads * p.head_dim == 0:
         return alloc.empty((p.tokens, p.q_heads, p.head_dim), q.dtype, q.device)

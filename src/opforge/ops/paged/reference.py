@@ -1,10 +1,20 @@
 """The torch path for the paged-cache ops: the fallback everywhere and, in float64, the test oracle.
 
-It reads exactly the slots a sequence owns: for sequence ``b`` the first ``cache_seqlens[b]``
+Two forms, as in the other families (docs/torch-path.md):
+
+* the careful composites (``paged_attention``, ``paged_kv_cache_append``,
+  ``paged_rotary_kv_cache_append``): scores and the softmax in float32 (float64 for float64
+  inputs) with the row maximum subtracted; a query that sees no key gives zeros. Call them on
+  ``.double()`` tensors for the oracle.
+* ``fast_paged_attention`` / ``fast_paged_rotary_kv_cache_append``: the torch path for float32
+  and half CPU tensors whose indices were checked (the public functions check them on CPU):
+  PyTorch's SDPA with grouped heads over each sequence's gathered blocks, rotary through the
+  rotary family's fast rotate-half, one indexed copy into the pools.
+
+Both read exactly the slots a sequence owns: for sequence ``b`` the first ``cache_seqlens[b]``
 positions, found through the first blocks of its ``block_tables`` row; no other slot of the pools,
-and no table entry past those, is ever indexed. It reads the lengths and tables on the host, so
-on a GPU it synchronizes (the Triton kernels never do). Scores and the softmax run in float32
-(float64 for float64 inputs) with the row maximum subtracted; a query that sees no key gives zeros.
+and no table entry past those, reaches the output. They read the lengths and tables on the host,
+so on a GPU the careful form synchronizes (the Triton kernels never do).
 """
 from __future__ import annotations
 
@@ -12,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ..attention.reference import causal_mask, fast_attention
 from ..rotary import reference as rotary_reference
 
 
@@ -150,3 +161,105 @@ def paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tenso
         v = gather_sequence(v_pages, block_tables[b], length)
         out[lo:hi] = attend(q[lo:hi], k, v, scale)
     return out
+
+
+# ---- the fast forms (float32 and half CPU tensors, checked indices) --------------------------------
+
+def _host_positions(cache_seqlens: torch.Tensor, counts: list[int], lens: list[int]) -> torch.Tensor:
+    """Each packed token's cache position (T,) int64: ``cache_seqlens[b] + i``."""
+    if all(n == 1 for n in counts):                                    # decode tokens only
+        return cache_seqlens.long()
+    return torch.cat([torch.arange(start, start + n) for start, n in zip(lens, counts)])
+
+
+def fast_paged_rotary_kv_cache_append(q, k, v, k_pages, v_pages, block_tables, cache_seqlens, cu_seqlens, cos, sin,
+                                      positions: Optional[torch.Tensor] = None, interleaved: bool = False,
+                                      inplace: bool = False) -> torch.Tensor:
+    """``paged_rotary_kv_cache_append`` for checked CPU indices: rotation rows gathered once for
+    q and k, rotated k and v written into the pools with one ``index_copy_`` each.
+
+    Example:
+        >>> import torch
+        >>> q, k, v = torch.randn(3, 4, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+        >>> tables, lens, cu = torch.tensor([[2], [0]]), torch.tensor([3, 0]), torch.tensor([0, 1, 3])
+        >>> cos, sin = torch.rand(16, 4), torch.rand(16, 4)
+        >>> kp, vp = torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)
+        >>> ek, ev = kp.clone(), vp.clone()
+        >>> got = fast_paged_rotary_kv_cache_append(q, k, v, kp, vp, tables, lens, cu, cos, sin)
+        >>> want = paged_rotary_kv_cache_append(q, k, v, ek, ev, tables, lens, cu, cos, sin)
+        >>> torch.allclose(got, want) and torch.allclose(kp, ek) and torch.equal(vp, ev)
+        True
+    """
+    nb, bs = k_pages.shape[:2]
+    lens = cache_seqlens.tolist()
+    cu = cu_seqlens.tolist()
+    counts = [cu[b + 1] - cu[b] for b in range(len(lens))]
+    one = len(lens) == 1 and counts[0] > 0          # one sequence: its positions are one run
+    if one and positions is None:                   # the rotation rows are a slice of the tables
+        c, s = cos[lens[0]:lens[0] + counts[0]].unsqueeze(1), sin[lens[0]:lens[0] + counts[0]].unsqueeze(1)
+    else:
+        pos = _host_positions(cache_seqlens, counts, lens) if positions is None else positions.long()
+        c, s = cos.index_select(0, pos).unsqueeze(1), sin.index_select(0, pos).unsqueeze(1)   # (T, 1, R/2)
+    if not interleaved and 2 * c.shape[-1] == q.shape[-1]:              # rotate-half over all features
+        c, s = torch.cat((c, c), dim=-1), torch.cat((-s, s), dim=-1)
+        q_out, k_out = rotary_reference._fast_rotate_half(q, c, s), rotary_reference._fast_rotate_half(k, c, s)
+    else:
+        q_out = rotary_reference._fast_rotate(q, c, s, interleaved)
+        k_out = rotary_reference._fast_rotate(k, c, s, interleaved)
+    k_flat, v_flat = k_pages.view(nb * bs, *k_pages.shape[2:]), v_pages.view(nb * bs, *v_pages.shape[2:])
+    if one and counts[0] == 1:                      # one decode token: one slot
+        slot = int(block_tables[0, lens[0] // bs]) * bs + lens[0] % bs
+        k_flat[slot].copy_(k_out[0])
+        v_flat[slot].copy_(v[0])
+    elif k.shape[0]:
+        where = _host_positions(cache_seqlens, counts, lens)            # cache positions (T,)
+        seq = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(counts, dtype=torch.long),
+                                      output_size=len(where)) if len(where) != len(lens) else torch.arange(len(lens))
+        slots = block_tables.long()[seq, torch.div(where, bs, rounding_mode="floor")] * bs + where % bs
+        k_flat.index_copy_(0, slots, k_out)
+        v_flat.index_copy_(0, slots, v)
+    if inplace:
+        q.copy_(q_out)
+        return q
+    return q_out
+
+
+def fast_paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_tables: torch.Tensor,
+                         cache_seqlens: torch.Tensor, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+    """``paged_attention`` for checked CPU indices: per sequence its blocks gathered (one
+    ``index_select`` each for k and v, only the blocks its length uses), then SDPA with grouped
+    heads over its first ``cache_seqlens[b]`` positions (the careful form where a query sees no key).
+
+    Example:
+        >>> import torch
+        >>> kp, vp = torch.randn(6, 4, 2, 16), torch.randn(6, 4, 2, 16)
+        >>> tables, lens = torch.tensor([[5, 1], [2, 0]]), torch.tensor([6, 3])
+        >>> cu, q = torch.tensor([0, 1, 4]), torch.randn(4, 8, 16)
+        >>> got = fast_paged_attention(q, kp, vp, tables, lens, cu, 0.25)
+        >>> torch.allclose(got, paged_attention(q, kp, vp, tables, lens, cu, 0.25), atol=1e-5)
+        True
+    """
+    nb, bs = k_pages.shape[:2]
+    capacity = block_tables.shape[1] * bs
+    lens = [min(max(n, 0), capacity) for n in cache_seqlens.tolist()]
+    cu = cu_seqlens.tolist()
+    single = len(lens) == 1
+    out = None if single else torch.empty(q.shape[:2] + v_pages.shape[3:], dtype=q.dtype)
+    for b, length in enumerate(lens):
+        lo, hi = cu[b], cu[b + 1]
+        n = hi - lo
+        if n <= 0:
+            continue
+        if length < n:                   # some query sees no key: zeros there (the careful form)
+            got = attend(q[lo:hi], gather_sequence(k_pages, block_tables[b], length),
+                         gather_sequence(v_pages, block_tables[b], length), scale)
+        else:
+            blocks = block_tables[b, :-(-length // bs)].long()
+            k = k_pages.index_select(0, blocks).flatten(0, 1)[:length]          # (L, Hkv, D)
+            v = v_pages.index_select(0, blocks).flatten(0, 1)[:length]
+            got = fast_attention(q[lo:hi].transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                 v.transpose(0, 1)[None], n > 1, scale)[0].transpose(0, 1)
+        if single:
+            return got
+        out[lo:hi] = got
+    return out if out is not None else torch.zeros(q.shape[:2] + v_pages.shape[3:], dtype=q.dtype)

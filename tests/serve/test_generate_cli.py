@@ -8,12 +8,13 @@ import pytest
 
 from opforge.cli import main
 from opforge.models.testing import write_tiny_checkpoint
+from opforge.serve import generate
 
 
 def test_generate_with_token_ids(capsys):
     assert main(["generate", write_tiny_checkpoint(), "--prompt-ids", "5,6,7", "--max-new-tokens", "4"]) == 0
     out = capsys.readouterr().out
-    assert "prefill: 3 tokens" in out and "decode:" in out and "decode_attention[" in out
+    assert "prefill: 3 tokens" in out and "decode:" in out and "paged_attention[" in out
 
 
 def test_readback_streams_the_same_tokens(capsys):
@@ -146,4 +147,4 @@ def test_the_library_refuses_what_the_command_refuses():
                             ({"input_ids": [5], "max_new_tokens": 0}, "max_new_tokens must be >= 1")]:
         kwargs = {"max_new_tokens": 4, **kwargs}
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-            model.generate(kwargs.pop("input_ids"), kwargs.pop("max_new_tokens"), **kwargs)
+            generate(model, kwargs.pop("input_ids"), kwargs.pop("max_new_tokens"), **kwargs)

@@ -1,5 +1,5 @@
 """``opforge generate MODEL --prompt "..."``: stream text, then speed, memory and kernels (MODEL: a
-Hugging Face directory or a GGUF file)."""
+Hugging Face directory or a GGUF file). Decodes with ``opforge.serve.generate`` (the engine)."""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +10,9 @@ from typing import NoReturn, Optional, Sequence
 
 import torch
 
-from .cli_checks import GROUP_SIZES, check_length, check_numbers, check_token_ids, dense_note, read_config
-from .config import UnsupportedModelError
+from ..models.cli_checks import GROUP_SIZES, check_length, check_numbers, check_token_ids, dense_note, read_config
+from ..models.config import UnsupportedModelError
+from .generate import generate, last_stats
 
 
 class _UsageError(Exception):
@@ -70,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="on CUDA, run the decode step eagerly instead of replaying a CUDA graph "
                              "(default: graphs on CUDA)")
     parser.add_argument("--readback", type=int, default=1, metavar="N",
-                        help="decode steps between reads of the new tokens, >= 1 (MPS: >1 overlaps the host's "
-                             "work with the GPU's; unmeasured) (default: %(default)s)")
+                        help="accepted for existing scripts, >= 1; every value runs the same (the engine reads a "
+                             "step's tokens while the next step runs) (default: %(default)s)")
     return parser
 
 
@@ -80,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a bad argument: every argument is checked before the model loads).
 
     Example:
-        >>> from opforge.models.cli import main
+        >>> from opforge.serve.generate_cli import main
         >>> from opforge.models.testing import write_tiny_checkpoint
         >>> import contextlib, io
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
@@ -107,10 +108,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config, problem = read_config(args.model_dir)
     if config is None:
         return _fail(problem)
-    from .loader import default_quantize
+    from ..models.loader import default_quantize
     quantize = default_quantize(args.model_dir, device) if args.quantize is None else \
         None if args.quantize == "stored" else args.quantize
-    from .tokenizer import checkpoint_tokenizer
+    from ..models.tokenizer import checkpoint_tokenizer
     tok = checkpoint_tokenizer(args.model_dir)[0]
     if args.prompt_ids:
         try:
@@ -131,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     note = dense_note(config, quantize, args.group_size, args.quantize_head)
     if note:
         print(f"opforge generate: note: {note}", file=sys.stderr)
-    from .loader import load
+    from ..models.loader import load
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"quantize=.* stay dense")   # said above, with advice
@@ -155,10 +156,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stdout.flush()
 
     with opforge.trace() as t:
-        model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, stop_ids=model.config.eos_token_ids, stream=stream,
-                       graphs=not args.no_graphs, readback=args.readback)
-    s = model.last_stats
+        generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                 top_p=args.top_p, stop_ids=model.config.eos_token_ids, stream=stream,
+                 graphs=not args.no_graphs, readback=args.readback)
+    s = last_stats(model)
     print()
     print(f"prefill: {s.prompt_tokens} tokens, {s.prefill_tokens_per_s:.1f} tokens/s; decode: {s.new_tokens} tokens, "
           f"{s.decode_tokens_per_s:.1f} tokens/s ({'CUDA graph' if s.graphs else 'eager'}"
