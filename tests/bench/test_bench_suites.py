@@ -20,7 +20,8 @@ SMALL = {("kv_append", "kv_cache_append"): (2, 2, 3, 16, 16),
          ("delay", "apply_delay"): (2, 40, 5), ("delay", "revert_delay"): (2, 40, 5)}
 
 
-@pytest.mark.parametrize("backend", ["default", "triton"])
+# forced Triton on CPU tensors is the interpreter, which only a machine without a GPU runs
+@pytest.mark.parametrize("backend", ["default", pytest.param("triton", marks=pytest.mark.cpu_only)])
 @pytest.mark.parametrize("suite_name,op", sorted(SMALL))
 def test_entry_runs_correct_and_is_judged(suite_name, op, backend, tiny_timing, cpu):
     """On the CPU opforge runs its torch path by default; forced, the Triton kernels run in the

@@ -59,7 +59,7 @@ async def _one(http: httpx.AsyncClient, url: str, i: int, rng: random.Random) ->
             body["messages"] = [{"role": "user", "content": f"d{i}"}]
         else:
             body["prompt"] = f"d{i}"
-        body.update(max_tokens=40, stream=True)
+        body.update(max_tokens=48, stream=True)      # the longest the context allows a chat prompt here
         async with http.stream("POST", f"{url}{path}", json=body) as r:
             assert r.status_code == 200, (await r.aread()).decode()
             async for line in r.aiter_lines():
@@ -109,9 +109,16 @@ def test_soak_disconnects_and_malformed_requests():
         counts = {k: kinds.count(k) for k in ("answered", "disconnected", "malformed")}
         assert sum(counts.values()) == REQUESTS + warmup
         assert counts["disconnected"] > 0.05 * len(kinds) and counts["malformed"] > 0.02 * len(kinds)
-        aborted = sum(metric(url, f'opforge_requests_total{{endpoint="{e}",outcome="abort"}}')
-                      for e in ("completion", "chat"))
-        assert aborted == counts["disconnected"]
+
+        def total(outcome: str) -> float:
+            return sum(metric(url, f'opforge_requests_total{{endpoint="{e}",outcome="{outcome}"}}')
+                       for e in ("completion", "chat"))
+        # a client that went away aborted its request, unless the request had already run to its
+        # end (a fast device can finish its 48 tokens before the server reads the disconnect): every
+        # request is counted once, and the answered ones all ran to their length
+        aborted = total("abort")
+        assert 0 < aborted <= counts["disconnected"]
+        assert total("length") == counts["answered"] + counts["disconnected"] - aborted
         print(f"soak: {len(kinds)} requests {counts}; server RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, "
               f"GPU allocated {gpu0:.0f} -> {gpu1:.0f} bytes")
         assert rss1 <= rss0 * 1.01, f"server RSS grew {rss1 / rss0 - 1:.2%} ({rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB)"
