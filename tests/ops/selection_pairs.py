@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Union
 
+import pytest
+
 import opforge
 from opforge.runtime import registry
 from opforge.testing import DEVICE, TOLERANCE, Case, max_rel_error
@@ -55,3 +57,19 @@ def check_pair(backend: str, first: Call, second: Call) -> tuple[str, str]:
         after = outcome(second, device)
     assert after == alone, f"after the first call: {after!r}; alone: {alone!r}"
     return got_first, after
+
+
+def pair_tests(pairs: dict[str, tuple[Call, Call]]) -> tuple[Callable, Callable]:
+    """The two tests each family runs over its ``pairs`` (field -> (first call, second call)): on
+    ``CPU_BACKENDS`` of the tests' device, and in the Metal emulator. A family's test module binds
+    them to its own names: ``test_..., test_..._metal = pair_tests(PAIRS)``."""
+    @pytest.mark.parametrize("field", pairs)
+    @pytest.mark.parametrize("backend", CPU_BACKENDS)
+    def on_backends(backend: str, field: str) -> None:
+        check_pair(backend, *pairs[field])
+
+    @pytest.mark.emulator
+    @pytest.mark.parametrize("field", pairs)
+    def on_metal(emulate: Any, field: str) -> None:
+        check_pair("metal", *pairs[field])
+    return on_backends, on_metal

@@ -1,11 +1,10 @@
 """Activations: a call, then one differing in one field the support predicates read (op, dtype,
 approximate), on the torch path, Triton's interpreter and the Metal emulator: the second call
 is never served by the first call's cached choice."""
-import pytest
 import torch
 
 from opforge.ops.activation.cases import make_case
-from selection_pairs import CPU_BACKENDS, check_pair
+from selection_pairs import pair_tests
 
 F32, F16 = torch.float32, torch.float16
 
@@ -18,13 +17,4 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("field", PAIRS)
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_second_call_differing_in_one_field(backend, field):
-    check_pair(backend, *PAIRS[field])
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("field", PAIRS)
-def test_second_call_differing_in_one_field_metal(emulate, field):
-    check_pair("metal", *PAIRS[field])
+test_second_call_differing_in_one_field, test_second_call_differing_in_one_field_metal = pair_tests(PAIRS)

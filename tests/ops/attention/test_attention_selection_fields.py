@@ -2,11 +2,10 @@
 read (head dim, across Metal's prefill set and the kernels' maximum; dtype), on the torch path,
 Triton's interpreter and the Metal emulator: the second call is never served by the first
 call's cached choice."""
-import pytest
 import torch
 
 from opforge.ops.attention.cases import decode_case, prefill_case
-from selection_pairs import CPU_BACKENDS, check_pair
+from selection_pairs import pair_tests
 
 F32, F16 = torch.float32, torch.float16
 
@@ -28,13 +27,4 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("field", PAIRS)
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_second_call_differing_in_one_field(backend, field):
-    check_pair(backend, *PAIRS[field])
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("field", PAIRS)
-def test_second_call_differing_in_one_field_metal(emulate, field):
-    check_pair("metal", *PAIRS[field])
+test_second_call_differing_in_one_field, test_second_call_differing_in_one_field_metal = pair_tests(PAIRS)

@@ -1,11 +1,10 @@
 """apply_delay / revert_delay: a call, then one differing in one field of the problem (op, code
 dtype, channels), on the torch path, Triton's interpreter and the Metal emulator: the second
 call is never served by the first call's cached choice or launch arguments."""
-import pytest
 import torch
 
 from opforge.ops.delay.cases import make_case
-from selection_pairs import CPU_BACKENDS, check_pair
+from selection_pairs import pair_tests
 
 I32, I64 = torch.int32, torch.int64
 
@@ -16,13 +15,4 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("field", PAIRS)
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_second_call_differing_in_one_field(backend, field):
-    check_pair(backend, *PAIRS[field])
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("field", PAIRS)
-def test_second_call_differing_in_one_field_metal(emulate, field):
-    check_pair("metal", *PAIRS[field])
+test_second_call_differing_in_one_field, test_second_call_differing_in_one_field_metal = pair_tests(PAIRS)

@@ -1,13 +1,12 @@
 """linear: a call, then one differing in one field the support predicates read (K, M, bits,
 dense or quantized, dtype, the tuning switches), on the torch path, Triton's interpreter and the
 Metal emulator: the second call is never served by the first call's cached choice."""
-import pytest
 import torch
 
 import opforge
 from opforge.ops.quant import cases
 from opforge.testing import DEVICE
-from selection_pairs import CPU_BACKENDS, check_pair
+from selection_pairs import check_pair, pair_tests
 
 
 def linear_call(m, n, k, bits, dtype=torch.float16, group=-1, seed=0):
@@ -35,16 +34,7 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("field", PAIRS)
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_second_call_differing_in_one_field(backend, field):
-    check_pair(backend, *PAIRS[field])
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("field", PAIRS)
-def test_second_call_differing_in_one_field_metal(emulate, field):
-    check_pair("metal", *PAIRS[field])
+test_second_call_differing_in_one_field, test_second_call_differing_in_one_field_metal = pair_tests(PAIRS)
 
 
 def test_metal_int8_k_not_multiple_of_4_after_one_that_is(emulate):

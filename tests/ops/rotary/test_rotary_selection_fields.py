@@ -2,11 +2,10 @@
 field the support predicates read (op, dtype, head dim, rotary dim, interleaved), on the torch
 path, Triton's interpreter and the Metal emulator: the second call is never served by the first
 call's cached choice."""
-import pytest
 import torch
 
 from opforge.ops.rotary.cases import make_append_case, make_fused_case, make_rotary_case
-from selection_pairs import CPU_BACKENDS, check_pair
+from selection_pairs import pair_tests
 
 F32, F16 = torch.float32, torch.float16
 
@@ -23,13 +22,4 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("field", PAIRS)
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_second_call_differing_in_one_field(backend, field):
-    check_pair(backend, *PAIRS[field])
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("field", PAIRS)
-def test_second_call_differing_in_one_field_metal(emulate, field):
-    check_pair("metal", *PAIRS[field])
+test_second_call_differing_in_one_field, test_second_call_differing_in_one_field_metal = pair_tests(PAIRS)

@@ -7,7 +7,7 @@ import torch
 
 from opforge.ops.softmax import problem
 from opforge.ops.softmax.cases import make_case
-from selection_pairs import CPU_BACKENDS, check_pair
+from selection_pairs import pair_tests
 
 F32, F16 = torch.float32, torch.float16
 
@@ -27,16 +27,7 @@ def _two_rows_are_few(monkeypatch):
     monkeypatch.setattr(problem, "FEW_ROWS", 2)
 
 
-@pytest.mark.parametrize("field", PAIRS)
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_second_call_differing_in_one_field(backend, field):
-    check_pair(backend, *PAIRS[field])
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("field", PAIRS)
-def test_second_call_differing_in_one_field_metal(emulate, field):
-    check_pair("metal", *PAIRS[field])
+test_second_call_differing_in_one_field, test_second_call_differing_in_one_field_metal = pair_tests(PAIRS)
 
 
 def test_few_and_many_rows_choose_differently():
