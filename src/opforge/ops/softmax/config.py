@@ -8,10 +8,9 @@ from __future__ import annotations
 import functools
 
 from ...runtime.triton.launch import cdiv, next_power_of_2
+# narrow rows and whole rows in registers: the norms' limits and tile rule, measured the same way
+from ..norm.config import MULTIROW_MAX_N, ROW_MAX_N, multirow_config  # noqa: F401
 
-MULTIROW_MAX_N = 1024
-TILE_BYTES = 4096                     # input bytes a multirow program holds (BLOCK_M * BLOCK_N * itemsize)
-ROW_MAX_N = {2: 32768, 4: 32768}      # per element size: widest row kept whole in registers
 LOOP_CHUNK_BYTES = (16384, 32768)    # bytes per step of the looped walk: rows up to 64K elements, wider
                                       # (H100 sweep, bf16: 85% at 1024x65536, 88% at 4096x131072)
 LOOP_CTAS_PER_SM = 64                 # looped grid: up to this many programs per SM, so in practice one
@@ -19,18 +18,6 @@ LOOP_CTAS_PER_SM = 64                 # looped grid: up to this many programs pe
 SPLIT_CHUNK = 2048                    # elements per step of a split segment
 SPLIT_PROGRAMS_PER_SM = 4             # how many segment programs the split variant aims for
 MAX_SPLITS = 1024
-
-
-@functools.lru_cache(maxsize=None)
-def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows: 4 KiB of input, 4 warps.
-
-    Example:
-        >>> multirow_config(1000, 2)
-        (2, 1024, 4)
-    """
-    block_n = next_power_of_2(n)
-    return max(1, min(128, TILE_BYTES // itemsize // block_n)), block_n, 4
 
 
 @functools.lru_cache(maxsize=None)
