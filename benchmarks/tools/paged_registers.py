@@ -6,34 +6,20 @@ Catches GPU-only compile errors before a GPU run, and shows what each default ti
 """
 from __future__ import annotations
 
-import re
-
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from opforge.ops.paged import config, triton_append as ta, triton_kernels as tk
-from ptxas_tool import ptxas_verbose
+from ptxas_tool import compile_sm90, register_line
 
 STRIDES = ("_st", "_sh", "_sb", "_ss", "_s")
 
 
 def compile_ptx(kernel, pointers: dict, floats: tuple, consts: dict, warps: int, stages: int) -> str:
-    """PTX of ``kernel``: ``pointers`` typed as given, ``floats`` fp32, other non-constexpr args i32."""
-    sig = {a: pointers.get(a, "fp32" if a in floats else "constexpr" if a in consts else "i32")
-           for a in kernel.arg_names}
-    aligned = [a for a in kernel.arg_names if a in pointers or (a.endswith(STRIDES) and sig[a] == "i32")]
-    attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    return compiled.asm["ptx"]
+    return compile_sm90(kernel, pointers, floats, consts, warps, stages, STRIDES)
 
 
 def ptxas(ptx_text: str) -> str:
-    report = ptxas_verbose(ptx_text)
-    used = re.search(r"Used (\d+) registers", report)
-    spills = re.search(r"(\d+) bytes spill stores", report)
-    return f"{used.group(1) if used else '?'} registers, {spills.group(1) if spills else '?'} B spilled"
+    return register_line(ptx_text)
 
 
 def _attention_pointers(dtype: str) -> dict:
