@@ -221,13 +221,17 @@ def test_trace_of_a_decode_step_lists_every_op_with_its_backend(model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_generation_with_graphs_equals_eager():
     """Greedy generation and seeded sampling give the same tokens with CUDA graphs as without,
-    for one prompt and for two of different lengths, twice."""
+    for one prompt and for two of different lengths, twice: the second call replays the graphs
+    the first captured (on the engine ``generate`` keeps)."""
     m = tiny_decoder(device="cuda", dtype=torch.bfloat16)
     for prompts in ([[1, 2, 3, 4, 5]], [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]):
         eager = generate(m, prompts, 12, graphs=False)
-        for _ in range(2):
-            assert generate(m, prompts, 12, graphs=True) == eager
-        assert last_stats(m).graphs and last_stats(m).capture_s > 0
+        assert generate(m, prompts, 12, graphs=True) == eager
+        s = last_stats(m)
+        assert s.graphs and s.capture_s > 0 and not s.reused
+        assert generate(m, prompts, 12, graphs=True) == eager
+        s = last_stats(m)
+        assert s.graphs and s.capture_s == 0 and s.reused
         sampled = [generate(m, prompts, 8, temperature=0.8, top_k=10, graphs=graphs,
                             generator=torch.Generator("cuda").manual_seed(3)) for graphs in (False, True)]
         assert sampled[0] == sampled[1]

@@ -45,3 +45,27 @@ def test_bad_input_raises_naming_the_argument(model, args, kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(model, *args, **kwargs)
     assert len(generate(model, [1] * 30, 10)[0]) == 10         # the longest request that fits
+
+
+def test_a_call_that_fits_runs_on_the_held_engine_with_the_same_tokens():
+    model, fresh = tiny_decoder(max_seq_len=40), tiny_decoder(max_seq_len=40)
+    assert torch.equal(model.embed, fresh.embed)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    first = generate(model, prompts, 8)
+    assert not last_stats(model).reused
+    # a stop token ends a sequence early: a decode step launched ahead may be left in flight
+    stop = first[1][2]
+    stopped = generate(model, prompts[1:2], 8, stop_ids=[stop])
+    assert last_stats(model).reused and stopped == [first[1][:first[1].index(stop) + 1]]
+    again = generate(model, prompts[::-1], 8)
+    assert last_stats(model).reused and again == first[::-1]
+    sampled = generate(model, prompts, 6, temperature=0.8, generator=torch.Generator().manual_seed(3))
+    assert last_stats(model).reused
+    assert sampled == generate(fresh, prompts, 6, temperature=0.8, generator=torch.Generator().manual_seed(3))
+    assert not last_stats(fresh).reused
+    # more prompts (or longer ones) than the held engine was sized for: a new engine
+    generate(model, prompts + [[2, 2]], 4)
+    assert not last_stats(model).reused
+    generate(model, [[5] * 20, [6] * 20, [7], [8]], 16)
+    assert not last_stats(model).reused
+    assert generate(model, prompts, 8) == first and last_stats(model).reused

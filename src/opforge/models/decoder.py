@@ -65,6 +65,9 @@ class Decoder:
     #: the checkpoint's ``tokenizers.Tokenizer`` and Jinja chat template (set by ``load``; None if absent)
     tokenizer: Any = None
     chat_template: Optional[str] = None
+    #: state a client keeps for the model's lifetime (``opforge.serve.generate`` keeps its engine
+    #: here, so repeated calls reuse its KV cache and CUDA graphs); None until a client sets it
+    client_state: Any = None
 
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
                  lm_head: Any, *, max_seq_len: int, max_batch: int, device: torch.device, dtype: torch.dtype):

@@ -78,3 +78,21 @@ class SlotTables:
         """Write the entries ``update`` returned (tensors on the device, or copied there)."""
         if index.numel():
             self.tables.view(-1).index_copy_(0, index, values)
+
+    def stage(self, host: torch.Tensor, offset: int, capacity: int, index: list[int], values: list[int]) -> int:
+        """Put ``update``'s k entries into ``host[offset:offset + 2k]`` (the indices, then the
+        values), to travel in the step's one input copy; returns k. More than ``capacity`` entries
+        (rare: many new tables at once) are written to the device now instead, and 0 is returned."""
+        k = len(index)
+        if k > capacity:
+            dev = self.tables.device
+            self.apply(torch.tensor(index, device=dev), torch.tensor(values, dtype=torch.int32, device=dev))
+            return 0
+        if k:
+            host[offset:offset + 2 * k] = torch.tensor(index + values)
+        return k
+
+    def apply_staged(self, inputs: torch.Tensor, offset: int, k: int) -> None:
+        """Write the k entries ``stage`` put at ``offset``, once ``inputs`` (on the device) holds them."""
+        if k:
+            self.apply(inputs[offset:offset + k], inputs[offset + k:offset + 2 * k].int())

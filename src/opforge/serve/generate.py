@@ -1,12 +1,17 @@
 """``generate``: a batch of prompts run to the end on an ``Engine`` of its own; new token ids out.
 
-A thin client of the serving engine: each call makes an ``Engine`` sized for its prompts (KV-cache
+A thin client of the serving engine: a call runs on an ``Engine`` sized for its prompts (KV-cache
 blocks for every prompt's ``prompt + max_new_tokens``, ``max_num_seqs`` = the batch, a token budget
 that prefills every prompt in the first step, no prefix sharing, no tokenizer), queues one request
-per prompt and steps the engine in the caller's thread until every request ends. So ``generate`` decodes with the engine's loop, its paged cache, its
-CUDA graphs and its sampling: there is one decode loop in the project. The engine goes away with
-the call (on CUDA its graphs are captured anew each call; ``GenerationStats.capture_s`` says how
-long that took, and the decode time excludes it).
+per prompt and steps the engine in the caller's thread until every request ends. So ``generate``
+decodes with the engine's loop, its paged cache, its CUDA graphs and its sampling: there is one
+decode loop in the project.
+
+The engine stays with the model (``model.client_state``) and serves the next call if that call
+fits it (as many prompts or fewer, as many cache blocks or fewer, the same ``graphs``); so repeated
+calls capture their CUDA graphs once. A call that does not fit frees the held engine first, then
+makes its own. ``GenerationStats.capture_s`` says how long a call spent capturing graphs (its decode
+time excludes it) and ``reused`` whether it ran on the engine of an earlier call.
 
 Example:
     >>> from opforge.models.testing import tiny_decoder
@@ -18,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import gc
 import time
 import weakref
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ class GenerationStats:
     decode_s: float = 0.0
     graphs: bool = False
     capture_s: float = 0.0
+    reused: bool = False
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -111,6 +118,40 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+@dataclass
+class _HeldEngine:
+    """The engine ``generate`` keeps on a model, and what it was sized for."""
+
+    engine: Engine
+    max_num_seqs: int
+    kv_blocks: int
+    max_num_batched_tokens: int
+    graphs: bool
+
+
+def _engine_for(model: Any, batch: int, blocks: int, prompt_tokens: int, graphs: bool) -> tuple[Engine, bool]:
+    """The model's held engine if this call fits it (and it is idle), else a new one; and whether
+    it was reused. The old engine is freed before the new one takes its memory."""
+    held = model.client_state
+    if isinstance(held, _HeldEngine):
+        if (batch <= held.max_num_seqs and blocks <= held.kv_blocks and prompt_tokens <= held.max_num_batched_tokens
+                and graphs == held.graphs and not held.engine.has_unfinished()):
+            return held.engine, True
+        model.client_state = held = None
+        gc.collect()                    # the engine and the model reference each other
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
+    tokens = max(8192, prompt_tokens)
+    # one step prefills every prompt (as a batch), so the decode steps that follow are all timed
+    engine = Engine(model, max_num_seqs=batch, block_size=_BLOCK_SIZE, kv_blocks=blocks, enable_prefix_caching=False,
+                    max_num_batched_tokens=tokens, cuda_graphs=graphs, tokenizer=None)
+    model.client_state = _HeldEngine(engine, batch, blocks, tokens, graphs)
+    return engine, False
+
+
+_BLOCK_SIZE = 16
+
+
 def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
              max_new_tokens: int, *, temperature: float = 0.0, top_k: Optional[int] = None,
              top_p: Optional[float] = None, stop_ids: Sequence[int] = (),
@@ -153,13 +194,11 @@ def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[
     params = [SamplingParams(max_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k, top_p=top_p,
                              seed=seed, stop_token_ids=stops, ignore_eos=True)
               for seed in _seeds(generator if temperature > 0 else None, b)]
-    block_size = 16
-    blocks = sum(-(-(len(p) + max_new_tokens) // block_size) for p in prompts)
+    blocks = sum(-(-(len(p) + max_new_tokens) // _BLOCK_SIZE) for p in prompts)
     prompt_tokens = sum(len(p) for p in prompts)
-    # one step prefills every prompt (as a batch), so the decode steps that follow are all timed
-    engine = Engine(model, max_num_seqs=b, block_size=block_size, kv_blocks=blocks, enable_prefix_caching=False,
-                    max_num_batched_tokens=max(8192, prompt_tokens), cuda_graphs=graphs, tokenizer=None)
-    stats = GenerationStats(prompt_tokens=prompt_tokens, graphs=graphs and model.device.type == "cuda")
+    engine, reused = _engine_for(model, b, blocks, prompt_tokens, graphs)
+    stats = GenerationStats(prompt_tokens=prompt_tokens, graphs=graphs and model.device.type == "cuda", reused=reused)
+    capture_before = engine.graph_capture_s
     _STATS[model] = stats
     out: list[list[int]] = [[] for _ in range(b)]
 
@@ -175,7 +214,7 @@ def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[
         streams = [engine.add_request(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
         outputs = [iter(s) for s in streams]
         seen: list[Optional[float]] = [None] * b
-        t_decode, captured = None, 0.0
+        t_decode, captured = None, capture_before
         while engine.has_unfinished():
             engine.step()
             for i, s in enumerate(streams):
@@ -195,6 +234,6 @@ def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[
         stats.prefill_s = end - t0
     else:
         stats.decode_s = end - t_decode - (engine.graph_capture_s - captured)
-    stats.capture_s = engine.graph_capture_s
+    stats.capture_s = engine.graph_capture_s - capture_before
     stats.new_tokens = sum(len(o) for o in out) - b
     return out

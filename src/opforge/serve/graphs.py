@@ -15,12 +15,14 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import torch
 
 from .block_tables import SlotTables
 from .sampling import argmax_rows
+
+T = TypeVar("T")
 
 
 def padded_sizes(max_num_seqs: int) -> list[int]:
@@ -74,13 +76,8 @@ class DecodeGraphs:
         slots, index, values = self.slot_tables.update(tables)
         host = self._host[self._turn]
         self._turn ^= 1
-        n3, k = 3 * self.n, len(index)
-        if k > self._entries:                           # rare: many new tables at once
-            self.slot_tables.apply(torch.tensor(index, device=self.inputs.device),
-                                   torch.tensor(values, dtype=torch.int32, device=self.inputs.device))
-            k = 0
-        elif k:
-            host[n3:n3 + 2 * k] = torch.tensor(index + values)
+        n3 = 3 * self.n
+        k = self.slot_tables.stage(host, n3, self._entries, index, values)
         fed = isinstance(tokens, torch.Tensor)
         if not fed:
             host[:b] = torch.tensor(tokens)
@@ -93,8 +90,7 @@ class DecodeGraphs:
         self.inputs[first:n3 + 2 * k].copy_(host[first:n3 + 2 * k], non_blocking=True)    # one copy
         if fed:
             self.tokens[:b].copy_(tokens)
-        if k:
-            self.slot_tables.apply(self.inputs[n3:n3 + k], self.inputs[n3 + k:n3 + 2 * k].int())
+        self.slot_tables.apply_staged(self.inputs, n3, k)
         if n not in self._graphs:
             self._graphs[n] = self._capture(n)
         graph, logits, greedy = self._graphs[n]
@@ -120,20 +116,32 @@ class DecodeGraphs:
                                      self.cu_seqlens[:n + 1], 1, self.rows[:n])
 
     def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
-        # warm up off the capture (compiles kernels); the inputs already hold this step's values, so
-        # the cache writes of the warm-up are the ones the replay makes
         torch.cuda.synchronize(self.model.device)     # (capture_s times the capture alone)
         t0 = time.perf_counter()
-        stream = torch.cuda.Stream(self.model.device)
-        stream.wait_stream(torch.cuda.current_stream(self.model.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                argmax_rows(self._step(n))
-        torch.cuda.current_stream(self.model.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+
+        def step() -> tuple[torch.Tensor, torch.Tensor]:
             logits = self._step(n)
-            greedy = argmax_rows(logits)
+            return logits, argmax_rows(logits)
+
+        graph, (logits, greedy) = capture_graph(step, self.model.device, self._pool)
         torch.cuda.synchronize(self.model.device)
         self.capture_s += time.perf_counter() - t0
         return graph, logits, greedy
+
+
+def capture_graph(step: Callable[[], T], device: torch.device, pool: Any) -> tuple[torch.cuda.CUDAGraph, T]:
+    """A CUDA graph of one ``step()`` call (in the memory ``pool``), and what that call returned.
+
+    ``step`` runs twice on a side stream first: that compiles its kernels off the capture. Its
+    inputs already hold the values the replays will see, so the cache writes of those two runs
+    are the ones a replay makes."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = step()
+    return graph, out

@@ -26,7 +26,7 @@ import torch
 
 from .sampling import argmax_rows
 from .block_tables import SlotTables
-from .graphs import padded_sizes
+from .graphs import capture_graph, padded_sizes
 
 #: Steps of more tokens run eagerly: at 2048 tokens the 1B step's GPU time (~9 ms) already covers
 #: its host time, and each token size adds one graph per sequence size.
@@ -97,13 +97,8 @@ class MixedGraphs:
         slots, index, values = self.slot_tables.update(tables)
         host = self._host[self._turn]
         self._turn ^= 1
-        o, k = self._offsets, len(index)
-        if k > self._entries:                           # rare: many new tables at once
-            self.slot_tables.apply(torch.tensor(index, device=self.inputs.device),
-                                   torch.tensor(values, dtype=torch.int32, device=self.inputs.device))
-            k = 0
-        elif k:
-            host[o[5]:o[5] + 2 * k] = torch.tensor(index + values)
+        o = self._offsets
+        k = self.slot_tables.stage(host, o[5], self._entries, index, values)
         host[:real] = torch.tensor(ids)
         host[real:t] = 0
         host[o[1]:o[1] + b] = torch.tensor(starts)
@@ -115,8 +110,7 @@ class MixedGraphs:
         host[o[4]:o[4] + len(rows)] = torch.tensor(rows)
         host[o[4] + len(rows):o[4] + n] = 0
         self.inputs.copy_(host, non_blocking=True)                                      # one copy
-        if k:
-            self.slot_tables.apply(self.inputs[o[5]:o[5] + k], self.inputs[o[5] + k:o[5] + 2 * k].int())
+        self.slot_tables.apply_staged(self.inputs, o[5], k)
         if not self.capture:
             logits = self._step(n, t)
             return logits[:len(rows)], argmax_rows(logits)[:len(rows)]
@@ -150,18 +144,9 @@ class MixedGraphs:
                                      self.cu[:n + 1].int(), t, self.rows[:n])
 
     def _capture(self, n: int, t: int) -> Any:
-        # as DecodeGraphs._capture: warm up off the capture; the warm-up's cache writes are the
-        # ones the replay makes
-        dev = self.model.device
-        stream = torch.cuda.Stream(dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                argmax_rows(self._step(n, t))
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        def step() -> None:
             logits = self._step(n, t)
             self.logits[:n].copy_(logits)
             self.greedy[:n].copy_(argmax_rows(logits))
-        return graph
+
+        return capture_graph(step, self.model.device, self._pool)[0]
