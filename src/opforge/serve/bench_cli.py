@@ -212,8 +212,12 @@ def _peer_rows(model_dir: str, args: argparse.Namespace, warm: list[LoadRequest]
           f"{device}, {dtype}), up in {peer.load_seconds:.1f} s", flush=True)
     try:
         rows = asyncio.run(_peer_load(peer, texts, args, warm, work))
-    finally:
+    except BaseException:
         peer.stop()
+        print(f"transformers serve log ({peer.log_path}):\n{peer.log_tail()}", file=sys.stderr, flush=True)
+        raise
+    peer.stop()
+    os.unlink(peer.log_path)
     by_setting = {(r["rate"], r["concurrency"]): r for r in online}
     for row in rows:
         row["peer"]["load_seconds"] = peer.load_seconds
