@@ -10,9 +10,9 @@ stands in for ``ignore_eos``. Token counts come from the ``usage`` of each strea
 A random checkpoint has no tokenizer: ``write_id_tokenizer`` writes one whose token ``i`` is the
 word ``t<i>``, so a prompt of ids is the words joined by spaces.
 
-``python -m opforge.serve.peer_server ARGS`` runs ``transformers serve ARGS``; without the
-``accelerate`` package (which ``transformers serve`` needs to place a model with ``device_map``)
-it loads the model on the CPU and moves it to ``--device`` itself.
+``python -m opforge.serve.peer_server MODEL_DIR ARGS`` runs ``transformers serve`` preloading
+MODEL_DIR with ARGS; without the ``accelerate`` package (which ``transformers serve`` needs to
+place a model with ``device_map``) the model is loaded on the CPU and moved to ``--device``.
 
 Example:
     >>> import tempfile
@@ -138,7 +138,7 @@ def _free_port() -> int:
 def start_transformers_server(model_dir: str, device: str, dtype: str = "auto", extra_args: Sequence[str] = (),
                               timeout_s: float = 900.0) -> PeerServer:
     """Start ``transformers serve MODEL_DIR --continuous-batching`` on a free loopback port and wait
-    until ``/health`` answers (the model is loaded before the server listens). Raises
+    until ``/health`` answers (newer releases load the model before they listen). Raises
     ``PeerServerError`` with the log's tail when it exits or does not answer within ``timeout_s``.
     """
     if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")) and \
@@ -161,8 +161,8 @@ def start_transformers_server(model_dir: str, device: str, dtype: str = "auto", 
         if time.perf_counter() - start > timeout_s:
             peer.stop(10)
             raise PeerServerError(f"transformers serve did not answer within {timeout_s:.0f} s:\n{peer.log_tail()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+        try:       # listening: newer releases load the model first, older ones at the first request
+            if httpx.get(f"{url}/health", timeout=2.0).status_code < 500:
                 break
         except httpx.HTTPError:
             pass
@@ -177,34 +177,52 @@ def start_transformers_server(model_dir: str, device: str, dtype: str = "auto", 
     return peer
 
 
-def _move_after_loading() -> None:
-    """Load models without ``device_map`` (which needs ``accelerate``) and move them to the device."""
-    from transformers.cli.serving import model_manager
+def _place_without_accelerate() -> None:
+    """Make ``from_pretrained(..., device_map=DEVICE)`` load without ``device_map`` (which needs
+    ``accelerate``) and move the model to DEVICE itself."""
+    import torch
+    from transformers import modeling_utils
 
-    manager = model_manager.ModelManager
-    load = manager._load_model
+    load = modeling_utils.PreTrainedModel.from_pretrained.__func__
 
-    def load_then_move(self: Any, *args: Any, **kwargs: Any) -> Any:
-        device, self.device = self.device, None
-        try:
-            model = load(self, *args, **kwargs)
-        finally:
-            self.device = device
+    def load_then_move(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.pop("device_map", None)
+        model = load(cls, *args, **kwargs)
+        if device is None:
+            return model
         if isinstance(device, int):
             device = f"cuda:{device}"
-        elif device in (None, "auto"):
-            import torch
+        elif device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         return model.to(device)
-    manager._load_model = load_then_move
+    modeling_utils.PreTrainedModel.from_pretrained = classmethod(load_then_move)
+
+
+def serve_argv(model_dir: str, args: Sequence[str]) -> list[str]:
+    """``transformers serve``'s arguments for the installed transformers: the model to preload is
+    its first positional argument in newer releases, ``--force-model`` in older ones.
+
+    Example:
+        >>> serve_argv("/ckpt", ["--port", "8001"])[-3:]
+        ['/ckpt', '--port', '8001']
+    """
+    import inspect
+
+    from transformers.cli.serve import Serve
+    annotation = inspect.signature(Serve.__init__).parameters["force_model"].annotation
+    positional = "ArgumentInfo" in repr(annotation) or "typer.Argument" in repr(annotation)
+    return ["serve", model_dir, *args] if positional else ["serve", "--force-model", model_dir, *args]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``transformers serve`` with ``argv``, placing the model itself where ``accelerate`` is missing."""
+    """``transformers serve`` with ``MODEL_DIR ARGS...``, placing the model itself where ``accelerate`` is missing."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        raise PeerServerError("usage: python -m opforge.serve.peer_server MODEL_DIR [transformers serve options]")
     if importlib.util.find_spec("accelerate") is None:
-        _move_after_loading()
+        _place_without_accelerate()
     from transformers.cli.transformers import app
-    sys.argv = ["transformers", "serve", *(sys.argv[1:] if argv is None else argv)]
+    sys.argv = ["transformers", *serve_argv(argv[0], argv[1:])]
     app()
 
 
