@@ -55,6 +55,7 @@ def test_bench_serve_with_the_transformers_peer_on_cpu(tmp_path, capsys):
         assert r["ttft_ms"]["p50"] > 0 and r["e2e_ms"]["p99"] >= r["e2e_ms"]["p50"]
     assert peer["peer"]["endpoint"] == "/v1/completions" and peer["peer"]["output_tokens_from"] == "usage"
     assert peer["peer"]["warmup_failed"] == 0 and peer["peer"]["load_seconds"] > 0
+    assert peer["peer"]["requested_output_tokens"] == peer["output_tokens"]
     assert peer["opforge_online_over_peer_output_tokens_per_s"] == \
         online["output_tokens_per_s"] / peer["output_tokens_per_s"]
     printed = capsys.readouterr().out
@@ -80,3 +81,21 @@ def test_the_chat_endpoint_counts_the_same_tokens(tmp_path):
         assert peer.stop() in (0, -signal.SIGTERM)       # uvicorn exits 0, or the signal ends it
     assert [(r.error, r.prompt_tokens, r.output_tokens, r.counted_from_chunks) for r in records] == \
         [(None, len(w.prompt), w.max_tokens, False) for w in work]
+
+
+def test_a_peer_that_fails_to_start_keeps_opforge_rows(tmp_path, capsys):
+    out = tmp_path / "peer.json"
+    status = main(["bench-serve", "--random", "tiny", "--device", "cpu", "--num-requests", "2", "--warmup", "1",
+                   "--prompt-len", "4:4", "--output-len", "2:2", "--peer", "transformers",
+                   "--peer-args=--no-such-option", "--json", str(out)])
+    assert status == 1
+    report = json.loads(out.read_text())
+    assert [r["mode"] for r in report["rows"]] == ["online"] and report["rows"][0]["failed"] == 0
+    assert "transformers serve exited" in report["peer_error"] and "no-such-option" in report["peer_error"]
+    assert "transformers serve: no rows" in capsys.readouterr().err
+
+
+def test_the_peer_needs_a_model():
+    with pytest.raises(SystemExit) as e:
+        main(["bench-serve", "--url", "http://127.0.0.1:9", "--peer", "transformers"])
+    assert e.value.code == 2

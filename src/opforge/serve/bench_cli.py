@@ -224,9 +224,10 @@ def _peer_rows(model_dir: str, args: argparse.Namespace, warm: list[LoadRequest]
         row["peer"]["transformers_version"] = transformers.__version__
         mine = by_setting.get((row["rate"], row["concurrency"]))
         if mine and row["output_tokens_per_s"]:
-            row["opforge_online_over_peer_output_tokens_per_s"] = mine["output_tokens_per_s"] / row["output_tokens_per_s"]
-            print(f"opforge/transformers-serve {_label(row['rate'], row['concurrency'])}: "
-                  f"{row['opforge_online_over_peer_output_tokens_per_s']:.2f}x the output tokens/s", flush=True)
+            ratio = mine["output_tokens_per_s"] / row["output_tokens_per_s"]
+            row["opforge_online_over_peer_output_tokens_per_s"] = ratio
+            print(f"opforge/transformers-serve {_label(row['rate'], row['concurrency'])}: {ratio:.2f}x the "
+                  f"output tokens/s", flush=True)
     return rows
 
 
@@ -249,6 +250,7 @@ async def _peer_load(peer: Any, texts: dict[tuple[int, ...], str], args: argpars
                    "peer": {"endpoint": peer.endpoint, "warmup_seconds": warmup_seconds,
                             "warmup_failed": sum(r.error is not None for r in warm_records),
                             "ignore_eos": "generation_config eos_token_id=-1",
+                            "requested_output_tokens": sum(r.max_tokens for r in work),
                             "output_tokens_from": "chunks" if any(r.counted_from_chunks for r in records)
                             else "usage"}}
             if args.records:
@@ -300,8 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", action="store_true", help="passed to opforge serve (and to the offline engine)")
     p.add_argument("--peer", choices=["transformers"], help="then the same requests to `transformers serve "
                                                              "--continuous-batching` on the same checkpoint")
-    p.add_argument("--peer-args", metavar="ARGS", help="more options for transformers serve, e.g. "
-                                                        "'--attn-implementation sdpa --cb-use-cuda-graph'")
+    p.add_argument("--peer-args", metavar="ARGS", help="more options for transformers serve, given with '=', e.g. "
+                                                        "--peer-args='--cb-use-cuda-graph'")
     p.add_argument("--peer-timeout", type=float, default=900.0, help="seconds for the peer to load (default 900)")
     return p
 
