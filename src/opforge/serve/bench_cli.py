@@ -207,7 +207,7 @@ def _peer_rows(model_dir: str, args: argparse.Namespace, warm: list[LoadRequest]
     texts = dict(zip(prompts, prompt_texts(AutoTokenizer.from_pretrained(model_dir), prompts)))
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or {"tiny": "float32", None: "auto"}.get(args.random, "bfloat16")
-    _release_memory()                          # what drawing a random checkpoint left cached here
+    _release_memory()                          # what drawing a random checkpoint left cached
     peer = start_transformers_server(model_dir, device, dtype, shlex.split(args.peer_args or ""), args.peer_timeout)
     print(f"transformers serve {transformers.__version__}: {peer.url}{peer.endpoint} (continuous batching, "
           f"{device}, {dtype}), up in {peer.load_seconds:.1f} s", flush=True)

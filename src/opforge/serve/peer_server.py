@@ -74,7 +74,7 @@ def write_id_tokenizer(directory: str, vocab_size: int) -> str:
 def prompt_texts(tokenizer: Any, prompts: Sequence[Sequence[int]], tries: int = 8) -> list[str]:
     """A text per prompt that ``tokenizer(text)`` (special tokens included, as the peer's
     completions endpoint calls it) turns into as many tokens as the prompt has ids, where a few
-    decode / re-encode rounds find one; otherwise the closest found (the peer's ``usage`` then
+    decode / re-encode passes find one; otherwise the closest found (the peer's ``usage`` then
     tells the real count).
 
     Example:
@@ -138,7 +138,7 @@ def _free_port() -> int:
 def start_transformers_server(model_dir: str, device: str, dtype: str = "auto", extra_args: Sequence[str] = (),
                               timeout_s: float = 900.0) -> PeerServer:
     """Start ``transformers serve MODEL_DIR --continuous-batching`` on a free loopback port and wait
-    until ``/health`` answers (newer releases load the model before they listen). Raises
+    until ``/health`` answers (newer versions load the model before they listen). Raises
     ``PeerServerError`` with the log's tail when it exits or does not answer within ``timeout_s``.
     """
     if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")) and \
@@ -161,7 +161,7 @@ def start_transformers_server(model_dir: str, device: str, dtype: str = "auto", 
         if time.perf_counter() - start > timeout_s:
             peer.stop(10)
             raise PeerServerError(f"transformers serve did not answer within {timeout_s:.0f} s:\n{peer.log_tail()}")
-        try:       # listening: newer releases load the model first, older ones at the first request
+        try:       # listening: newer versions load the model first, older ones at the first request
             if httpx.get(f"{url}/health", timeout=2.0).status_code < 500:
                 break
         except httpx.HTTPError:
@@ -200,7 +200,7 @@ def _place_without_accelerate() -> None:
 
 def serve_argv(model_dir: str, args: Sequence[str]) -> list[str]:
     """``transformers serve``'s arguments for the installed transformers: the model to preload is
-    its first positional argument in newer releases, ``--force-model`` in older ones.
+    its first positional argument in newer versions, ``--force-model`` in older ones.
 
     Example:
         >>> serve_argv("/ckpt", ["--port", "8001"])[-3:]
