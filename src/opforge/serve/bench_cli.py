@@ -8,7 +8,10 @@ in-process ``Engine``, plus the whole workload submitted at once with no consume
 ``LLM``'s way: the engine's own throughput), and once more with ``max_num_seqs`` set to each
 ``--concurrency`` (as many requests in flight as that many closed-loop clients can have); each
 online row is also given as a fraction of all three.
-Given ``--url``, it loads a server that is already running.
+Given ``--url``, it loads a server that is already running. ``--peer transformers`` then serves
+the same checkpoint with transformers' own server (``transformers serve --continuous-batching``,
+see ``opforge.serve.peer_server``) and sends it the same requests at the same settings: rows of
+mode ``transformers-serve``, each with ``opforge_online_over_peer_output_tokens_per_s``.
 """
 from __future__ import annotations
 
@@ -18,11 +21,13 @@ import gc
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Any, Optional, Sequence
 
 import httpx
@@ -30,7 +35,7 @@ import torch
 
 from .warmup import freeze_startup_objects
 from .loadgen import (LoadRequest, engine_batch, engine_sender, http_sender, ragged_workload, records_json, run_load,
-                      summarize)
+                      summarize, text_sender)
 
 EPILOG = """\
 examples:
@@ -38,6 +43,7 @@ examples:
   opforge bench-serve MODEL_DIR --prompt-len 512:512 --output-len 32:32 --rate 1 --num-requests 32
   opforge bench-serve --url http://127.0.0.1:8000 --model NAME --vocab-size 128256 --rate 4,16
   opforge bench-serve --random tiny --device cpu --num-requests 8 --prompt-len 4:16 --output-len 2:8 --offline
+  opforge bench-serve --random 1b --num-requests 64 --concurrency 32 --peer transformers --json peer.json
 """
 
 
@@ -189,6 +195,73 @@ async def _online(url: str, model: str, args: argparse.Namespace, warm: list[Loa
         return rows
 
 
+def _peer_rows(model_dir: str, args: argparse.Namespace, warm: list[LoadRequest], work: list[LoadRequest],
+               vocab: int, online: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Serve ``model_dir`` with ``transformers serve`` and send it the workload at every setting."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    from .peer_server import prompt_texts, start_transformers_server, write_id_tokenizer
+    if args.random:
+        write_id_tokenizer(model_dir, vocab)
+    prompts = sorted({tuple(r.prompt) for r in warm + work})
+    texts = dict(zip(prompts, prompt_texts(AutoTokenizer.from_pretrained(model_dir), prompts)))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or {"tiny": "float32", None: "auto"}.get(args.random, "bfloat16")
+    _release_memory()                          # what drawing a random checkpoint left cached
+    peer = start_transformers_server(model_dir, device, dtype, shlex.split(args.peer_args or ""), args.peer_timeout)
+    print(f"transformers serve {transformers.__version__}: {peer.url}{peer.endpoint} (continuous batching, "
+          f"{device}, {dtype}), up in {peer.load_seconds:.1f} s", flush=True)
+    try:
+        rows = asyncio.run(_peer_load(peer, texts, args, warm, work))
+    except BaseException:
+        peer.stop()
+        print(f"transformers serve log ({peer.log_path}):\n{peer.log_tail()}", file=sys.stderr, flush=True)
+        raise
+    peer.stop()
+    os.unlink(peer.log_path)
+    by_setting = {(r["rate"], r["concurrency"]): r for r in online}
+    for row in rows:
+        row["peer"]["load_seconds"] = peer.load_seconds
+        row["peer"]["transformers_version"] = transformers.__version__
+        mine = by_setting.get((row["rate"], row["concurrency"]))
+        if mine and row["output_tokens_per_s"]:
+            ratio = mine["output_tokens_per_s"] / row["output_tokens_per_s"]
+            row["opforge_online_over_peer_output_tokens_per_s"] = ratio
+            print(f"opforge/transformers-serve {_label(row['rate'], row['concurrency'])}: {ratio:.2f}x the "
+                  f"output tokens/s", flush=True)
+    return rows
+
+
+async def _peer_load(peer: Any, texts: dict[tuple[int, ...], str], args: argparse.Namespace,
+                     warm: list[LoadRequest], work: list[LoadRequest]) -> list[dict[str, Any]]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # transformers' continuous batching takes eos_token_id -1 as "no end of sequence": ignore_eos
+    extra = {"generation_config": json.dumps({"eos_token_id": -1, "do_sample": False})}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0), limits=limits) as client:
+        send = text_sender(client, peer.url, peer.endpoint, peer.model, texts, extra)
+        start = time.perf_counter()
+        warm_records, _ = await run_load(warm, send)        # the first request starts its batching manager
+        warmup_seconds = time.perf_counter() - start
+        print(f"transformers serve warm-up: {len(warm)} requests in {warmup_seconds:.1f} s", flush=True)
+        rows = []
+        for rate, concurrency in _settings(args):
+            records, seconds = await run_load(work, send, rate, concurrency, seed=args.seed)
+            row = {"mode": "transformers-serve", "rate": rate, "concurrency": concurrency,
+                   **summarize(records, seconds),
+                   "peer": {"endpoint": peer.endpoint, "warmup_seconds": warmup_seconds,
+                            "warmup_failed": sum(r.error is not None for r in warm_records),
+                            "ignore_eos": "generation_config eos_token_id=-1",
+                            "requested_output_tokens": sum(r.max_tokens for r in work),
+                            "output_tokens_from": "chunks" if any(r.counted_from_chunks for r in records)
+                            else "usage"}}
+            if args.records:
+                row["records"] = records_json(records)
+            rows.append(row)
+            _print_row(row)
+        return rows
+
+
 def _print_row(row: dict[str, Any]) -> None:
     def f(stats: dict[str, Any], key: str) -> str:
         v = stats[key]
@@ -229,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=kind, help="passed to opforge serve (and to the offline engine)")
     for name in ("no-overlap", "no-prefix-caching"):
         p.add_argument(f"--{name}", action="store_true", help="passed to opforge serve (and to the offline engine)")
+    p.add_argument("--peer", choices=["transformers"], help="then the same requests to `transformers serve "
+                                                             "--continuous-batching` on the same checkpoint")
+    p.add_argument("--peer-args", metavar="ARGS", help="more options for transformers serve, given with '=', e.g. "
+                                                        "--peer-args='--cb-use-cuda-graph'")
+    p.add_argument("--peer-timeout", type=float, default=900.0, help="seconds for the peer to load (default 900)")
     return p
 
 
@@ -250,6 +328,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("--concurrency and --rate take positive numbers")
     if args.url and args.offline:
         p.error("--offline needs a model (MODEL_DIR or --random), not --url")
+    if args.url and args.peer:
+        p.error("--peer needs a model (MODEL_DIR or --random), not --url")
     model_dir = _random_checkpoint(args.random, args.dtype) if args.random else args.model_dir
     if args.url:
         vocab = args.vocab_size or 1000
@@ -299,11 +379,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   + ("" if same is None else f", {same:.1%} of the offline batch's with max_num_seqs="
                                              f"{min(row['concurrency'], batch['max_num_seqs'])}"))
     rows += online
+    peer_error = None
+    if args.peer:
+        from .peer_server import PeerServerError
+        try:
+            rows += _peer_rows(model_dir, args, warm, work, vocab, online)
+        except (PeerServerError, ImportError, OSError) as e:
+            peer_error = f"{type(e).__name__}: {e}"
+            print(f"transformers serve: no rows: {peer_error}", file=sys.stderr, flush=True)
     if args.json:
         from ..bench.envinfo import collect
         device = torch.device(args.device) if args.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         settings = vars(args)
         with open(args.json, "w") as f:
-            json.dump({"settings": settings, "environment": collect(device), "model_dir": model_dir, "rows": rows},
-                      f, indent=1, default=str)
-    return 1 if any(r["failed"] for r in rows) else 0
+            json.dump({"settings": settings, "environment": collect(device), "model_dir": model_dir, "rows": rows,
+                       **({"peer_error": peer_error} if peer_error else {})}, f, indent=1, default=str)
+    return 1 if peer_error or any(r["failed"] for r in rows) else 0

@@ -37,6 +37,7 @@ class Record:
     itl: list[float] = field(default_factory=list)
     e2e: float = 0.0
     error: Optional[str] = None
+    counted_from_chunks: bool = False       # the server gave no usage: output_tokens counts text chunks
 
 
 def ragged_workload(n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int,
@@ -131,6 +132,65 @@ def http_sender(client: httpx.AsyncClient, url: str, model: str,
     return send
 
 
+def text_sender(client: httpx.AsyncClient, url: str, endpoint: str, model: str, texts: dict[tuple[int, ...], str],
+                extra_body: Optional[dict[str, Any]] = None) -> Callable[[LoadRequest], Awaitable[Record]]:
+    """A ``send`` for a server that takes text prompts only: streams one greedy answer to the text
+    of each prompt (``texts[tuple(prompt)]``) from ``endpoint`` (``/v1/completions``, or
+    ``/v1/chat/completions`` with the text as one user message), with ``extra_body`` merged in.
+
+    Prompt and output token counts are the server's, from the ``usage`` of its closing chunk; a
+    stream without one counts its content chunks instead. Every chunk carrying text is timed as
+    a token's arrival.
+    """
+    chat = endpoint.endswith("/chat/completions")
+
+    async def send(r: LoadRequest) -> Record:
+        text = texts[tuple(r.prompt)]
+        body: dict[str, Any] = {"model": model, "max_tokens": r.max_tokens, "temperature": 0.0, "stream": True,
+                                **({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}),
+                                **(extra_body or {})}
+        rec = Record(len(r.prompt))
+        t0 = last = time.perf_counter()
+        buffer, chunks, usage = b"", 0, None
+        try:
+            async with client.stream("POST", f"{url}{endpoint}", json=body) as resp:
+                if resp.status_code != 200:
+                    rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                    return rec
+                async for data in resp.aiter_raw():
+                    now = time.perf_counter()
+                    buffer += data
+                    *events, buffer = buffer.split(b"\n\n")
+                    for event in events:
+                        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                            continue
+                        chunk = json.loads(event[len(b"data: "):])
+                        if "error" in chunk:
+                            rec.error = f"stream error: {str(chunk['error'])[:200]}"
+                            continue
+                        usage = chunk.get("usage") or usage
+                        choice = (chunk.get("choices") or [{}])[0]
+                        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        if not piece:
+                            continue
+                        chunks += 1
+                        if rec.ttft is None:
+                            rec.ttft = now - t0
+                        else:
+                            rec.itl.append(now - last)
+                        last = now
+        except httpx.HTTPError as e:
+            rec.error = f"{type(e).__name__}: {e}"
+        if usage:
+            rec.prompt_tokens, rec.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+        else:
+            rec.output_tokens, rec.counted_from_chunks = chunks, True
+        rec.e2e = time.perf_counter() - t0
+        return rec
+
+    return send
+
+
 def engine_sender(engine: Any) -> Callable[[LoadRequest], Awaitable[Record]]:
     """A ``send`` straight into an in-process ``Engine``: the same requests without HTTP."""
     from . import SamplingParams
@@ -184,6 +244,7 @@ def summarize(records: list[Record], seconds: float) -> dict[str, Any]:
         "requests": len(records), "failed": len(records) - len(ok), "seconds": seconds,
         "errors": sorted({r.error for r in records if r.error})[:5],
         "request_throughput": len(ok) / seconds if seconds else 0.0,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
         "output_tokens": out, "output_tokens_per_s": out / seconds if seconds else 0.0,
         "total_tokens_per_s": (out + sum(r.prompt_tokens for r in ok)) / seconds if seconds else 0.0,
         "ttft_ms": ms([r.ttft for r in ok if r.ttft is not None]), "tpot_ms": ms(tpot),
