@@ -33,7 +33,6 @@ from typing import Any, Optional, Sequence
 import httpx
 import torch
 
-from .warmup import freeze_startup_objects
 from .loadgen import (LoadRequest, engine_batch, engine_sender, http_sender, ragged_workload, records_json, run_load,
                       summarize, text_sender)
 
@@ -351,7 +350,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             proc, url = _start_server(model_dir, args)
             model = "bench"
-        freeze_startup_objects()              # the client's own full collections would read as ITL
         online = asyncio.run(_online(url, model, args, warm, work))
     finally:
         if proc is not None:

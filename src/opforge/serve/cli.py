@@ -162,7 +162,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import uvicorn
     from .api import ServerConfig, create_app
     from .chat_template import chat_template_for
-    from .warmup import freeze_startup_objects
     from ..api import device_config
     from ..models.loader import default_quantize
     quantize = default_quantize(args.model_dir, device_config(args.device).device) if args.quantize is None else \
@@ -180,7 +179,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = ServerConfig(model_name=name, chat_template=template, api_key=args.api_key,
                           max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
     engine.warm_up()
-    freeze_startup_objects()
     engine.start()
     try:
         backends = kernel_backends(engine)

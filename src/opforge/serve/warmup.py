@@ -17,7 +17,6 @@ Example:
 """
 from __future__ import annotations
 
-import gc
 from typing import Any, Union
 
 import torch
@@ -73,23 +72,3 @@ def warm_up_steps(model: Any, pages: Any, block_size: int, max_model_len: int,
         _call(model, pages, block_size, [(decode_at, 1)] * 3 + [(0, chunk)])
         done.append("mixed")
     return done
-
-
-def freeze_startup_objects() -> int:
-    """Collect garbage once, then move every object alive into the collector's permanent generation
-    (``gc.freeze``); returns how many objects that was.
-
-    Everything alive once a server has loaded and warmed up (modules, the model, kernels, graphs,
-    the web framework) lives as long as the process. Left in the collector's generations, each full
-    collection while serving walks all of them: about 200k objects, tens of milliseconds on a
-    server's CPU (measured on a slow CPU: 75-123 ms), during which no stream gets a token. Frozen,
-    a full collection walks only what requests made since.
-
-    Example:
-        >>> freeze_startup_objects() > 0
-        True
-        >>> import gc; gc.unfreeze()
-    """
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
