@@ -94,8 +94,26 @@ def test_sigterm_aborts_what_outlives_the_drain_timeout(directory):
 def test_bad_arguments_exit_2(directory, capsys):
     for argv in (["serve", "/no/such/dir"], ["serve", directory, "--max-num-seqs", "0"],
                  ["serve", directory, "--kv-memory-fraction", "1.5"], ["serve", directory, "--quantize", "int3"],
-                 ["serve", directory, "--max-prefill-tokens-while-decoding", "0"]):
+                 ["serve", directory, "--max-prefill-tokens-while-decoding", "-1"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2
     assert "--kv-memory-fraction must be in (0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, bound", [([], 512), (["--max-prefill-tokens-while-decoding", "0"], None),
+                                          (["--max-prefill-tokens-while-decoding", "64"], 64)])
+def test_the_server_bounds_prefill_beside_decodes_by_default(directory, monkeypatch, given, bound):
+    built = {}
+
+    class Built(Exception):
+        pass
+
+    def build_engine(*args, **kwargs):
+        built.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr("opforge.serve.cli.build_engine", build_engine)
+    with pytest.raises(Built):
+        main(["serve", directory, "--device", "cpu", *given])
+    assert built["max_prefill_tokens_while_decoding"] == bound

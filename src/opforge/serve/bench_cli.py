@@ -155,9 +155,10 @@ async def _with_engine(model: Any, tokenizer: Any, args: argparse.Namespace, max
     """Start an engine on ``model`` with the bench's settings and ``max_num_seqs``, warm it, await
     ``run(engine)``, and give its KV cache and graphs back before returning."""
     from . import Engine
+    from .cli import prefill_bound
     engine = Engine(model, max_num_seqs=max_num_seqs, kv_memory_fraction=args.kv_memory_fraction or 0.9,
                     kv_blocks=args.kv_blocks, tokenizer=tokenizer, max_num_batched_tokens=args.max_num_batched_tokens,
-                    max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
+                    max_prefill_tokens_while_decoding=prefill_bound(args.max_prefill_tokens_while_decoding),
                     overlap=not args.no_overlap, enable_prefix_caching=not args.no_prefix_caching)
     engine.warm_up()
     engine.start()

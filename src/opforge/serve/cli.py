@@ -16,6 +16,23 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: The server's bound on prompt tokens in a step that also decodes (``--max-prefill-tokens-while-
+#: decoding``; the engine itself has none). H100, 1B bf16, 256 ragged requests from 32 streaming
+#: clients, two runs each (results/h100/2026-11-27-0d676f5): inter-token latency p99 / p50 3.0x
+#: and 3.3x unbounded (a step that prefills a whole 1024-token prompt takes ~10 ms), 2.1x and
+#: 2.4x at 512 for 4.4% fewer tokens/s, 1.7x at 256 for 10% fewer; 1024: 3.0x and 3.8x.
+SERVER_PREFILL_WHILE_DECODING = 512
+
+
+def prefill_bound(value: Optional[int]) -> Optional[int]:
+    """The engine's ``max_prefill_tokens_while_decoding`` for a ``--max-prefill-tokens-while-decoding``
+    value: the server's default when not given, None (no bound) for 0.
+
+    Example:
+        >>> prefill_bound(None), prefill_bound(0), prefill_bound(2048)
+        (512, None, 2048)
+    """
+    return (SERVER_PREFILL_WHILE_DECODING if value is None else value) or None
 
 
 def load_for_serving(model_dir: str, *, device: Optional[str] = None, dtype: Optional[torch.dtype] = None,
@@ -132,8 +149,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens per engine step at most (decode + prefill)")
     p.add_argument("--max-prefill-tokens-while-decoding", type=int,
-                   help="prompt tokens at most in a step that also decodes (default: no bound beyond "
-                        "--max-num-batched-tokens; H100, 1B: no clear gain at 32 clients, see docs/server.md)")
+                   help=f"prompt tokens at most in a step that also decodes, so a new prompt delays running "
+                        f"streams by a short step (default {SERVER_PREFILL_WHILE_DECODING}; 0: no bound beyond "
+                        f"--max-num-batched-tokens, more tokens/s, longer stalls; see docs/server.md)")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share equal prompt prefixes' blocks")
     p.add_argument("--no-overlap", action="store_true",
                    help="read each greedy decode step's tokens before launching the next (default: the next step "
@@ -147,11 +165,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="seconds running requests get to finish after SIGTERM (default 30)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     args = p.parse_args(argv)
-    for name in ("max_num_seqs", "max_model_len", "kv_blocks", "block_size", "max_body_bytes", "max_num_batched_tokens",
-                 "max_prefill_tokens_while_decoding"):
+    for name in ("max_num_seqs", "max_model_len", "kv_blocks", "block_size", "max_body_bytes", "max_num_batched_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.max_prefill_tokens_while_decoding is not None and args.max_prefill_tokens_while_decoding < 0:
+        p.error(f"--max-prefill-tokens-while-decoding must be >= 0 (0: no bound), got "
+                f"{args.max_prefill_tokens_while_decoding}")
     if args.max_waiting is not None and args.max_waiting < 0:
         p.error(f"--max-waiting must be >= 0, got {args.max_waiting}")
     if not 0.0 < args.kv_memory_fraction <= 1.0:
@@ -170,7 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           kv_memory_fraction=args.kv_memory_fraction, kv_blocks=args.kv_blocks,
                           block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                          max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
+                          max_prefill_tokens_while_decoding=prefill_bound(args.max_prefill_tokens_while_decoding),
                           enable_prefix_caching=not args.no_prefix_caching, overlap=not args.no_overlap)
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model_dir))
     if os.path.isfile(args.model_dir) and not args.served_model_name:
