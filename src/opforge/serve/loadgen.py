@@ -90,6 +90,35 @@ async def run_load(requests: list[LoadRequest], send: Callable[[LoadRequest], Aw
     return list(records), time.perf_counter() - start
 
 
+async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: Optional[dict[str, str]],
+                  rec: Record, token_event: Callable[[bytes], bool]) -> None:
+    """POST ``body`` to ``url`` and read its server-sent events into ``rec``: each event for which
+    ``token_event(event)`` is true is timed, as it is read from the socket, as a token's arrival
+    (TTFT, then ITL). A status other than 200 or an HTTP error goes to ``rec.error``."""
+    t0 = last = time.perf_counter()
+    buffer = b""
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return
+            async for data in resp.aiter_raw():
+                now = time.perf_counter()
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    if event == b"data: [DONE]" or not token_event(event):
+                        continue
+                    if rec.ttft is None:
+                        rec.ttft = now - t0
+                    else:
+                        rec.itl.append(now - last)
+                    last = now
+    except httpx.HTTPError as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    rec.e2e = time.perf_counter() - t0
+
+
 def http_sender(client: httpx.AsyncClient, url: str, model: str,
                 headers: Optional[dict[str, str]] = None) -> Callable[[LoadRequest], Awaitable[Record]]:
     """A ``send`` that streams one completion from an OpenAI-compatible server (greedy, ``ignore_eos``).
@@ -101,32 +130,14 @@ def http_sender(client: httpx.AsyncClient, url: str, model: str,
         body = {"model": model, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0.0,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         rec = Record(len(r.prompt))
-        t0 = last = time.perf_counter()
-        buffer = b""
-        try:
-            async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as resp:
-                if resp.status_code != 200:
-                    rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-                    return rec
-                async for data in resp.aiter_raw():
-                    now = time.perf_counter()
-                    buffer += data
-                    *events, buffer = buffer.split(b"\n\n")
-                    for event in events:
-                        if event == b"data: [DONE]":
-                            continue
-                        if b'"choices":[]' in event:            # the usage chunk
-                            usage = json.loads(event[len(b"data: "):])["usage"]
-                            rec.output_tokens = usage["completion_tokens"]
-                            continue
-                        if rec.ttft is None:
-                            rec.ttft = now - t0
-                        else:
-                            rec.itl.append(now - last)
-                        last = now
-        except httpx.HTTPError as e:
-            rec.error = f"{type(e).__name__}: {e}"
-        rec.e2e = time.perf_counter() - t0
+
+        def token_event(event: bytes) -> bool:
+            if b'"choices":[]' in event:            # the usage chunk
+                rec.output_tokens = json.loads(event[len(b"data: "):])["usage"]["completion_tokens"]
+                return False
+            return True
+
+        await _stream(client, f"{url}/v1/completions", body, headers, rec, token_event)
         return rec
 
     return send
@@ -150,42 +161,28 @@ def text_sender(client: httpx.AsyncClient, url: str, endpoint: str, model: str, 
                                 **({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}),
                                 **(extra_body or {})}
         rec = Record(len(r.prompt))
-        t0 = last = time.perf_counter()
-        buffer, chunks, usage = b"", 0, None
-        try:
-            async with client.stream("POST", f"{url}{endpoint}", json=body) as resp:
-                if resp.status_code != 200:
-                    rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-                    return rec
-                async for data in resp.aiter_raw():
-                    now = time.perf_counter()
-                    buffer += data
-                    *events, buffer = buffer.split(b"\n\n")
-                    for event in events:
-                        if not event.startswith(b"data: ") or event == b"data: [DONE]":
-                            continue
-                        chunk = json.loads(event[len(b"data: "):])
-                        if "error" in chunk:
-                            rec.error = f"stream error: {str(chunk['error'])[:200]}"
-                            continue
-                        usage = chunk.get("usage") or usage
-                        choice = (chunk.get("choices") or [{}])[0]
-                        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                        if not piece:
-                            continue
-                        chunks += 1
-                        if rec.ttft is None:
-                            rec.ttft = now - t0
-                        else:
-                            rec.itl.append(now - last)
-                        last = now
-        except httpx.HTTPError as e:
-            rec.error = f"{type(e).__name__}: {e}"
-        if usage:
-            rec.prompt_tokens, rec.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+        seen: dict[str, Any] = {"chunks": 0, "usage": None}
+
+        def token_event(event: bytes) -> bool:
+            if not event.startswith(b"data: "):
+                return False
+            chunk = json.loads(event[len(b"data: "):])
+            if "error" in chunk:
+                rec.error = f"stream error: {str(chunk['error'])[:200]}"
+                return False
+            seen["usage"] = chunk.get("usage") or seen["usage"]
+            choice = (chunk.get("choices") or [{}])[0]
+            piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+            seen["chunks"] += bool(piece)
+            return bool(piece)
+
+        await _stream(client, f"{url}{endpoint}", body, None, rec, token_event)
+        if rec.error and rec.error.startswith("HTTP "):
+            return rec
+        if seen["usage"]:
+            rec.prompt_tokens, rec.output_tokens = seen["usage"]["prompt_tokens"], seen["usage"]["completion_tokens"]
         else:
-            rec.output_tokens, rec.counted_from_chunks = chunks, True
-        rec.e2e = time.perf_counter() - t0
+            rec.output_tokens, rec.counted_from_chunks = seen["chunks"], True
         return rec
 
     return send
