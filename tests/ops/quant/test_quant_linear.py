@@ -188,8 +188,8 @@ def test_triton_dequantize_is_exact(bits, group_size, symmetric):
 
 def test_dequant_gemm_variant_for_many_rows(monkeypatch):
     from opforge.ops.quant import problem
-    monkeypatch.setattr(problem, "DEQUANT_GEMM_MIN_M", 70)   # past the small int4 weights' 17..64 rows
-    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 4, 128)
+    monkeypatch.setattr(problem, "DEQUANT_GEMM_MIN_M", 70)   # int8: int4 takes it from 65 rows anyway
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE), 8, 128)
     x = torch.randn(75, K, device=DEVICE, dtype=torch.float16)
     bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
     y, event = run_triton(x, qw, bias)
@@ -311,7 +311,7 @@ def test_the_sweeps_changed_exactly_the_swept_choices():
         [True, False, False]
     assert problem.DEQUANT_GEMM_MIN_M == 256
     assert [prob(4, 128, m).large for m in (255, 256)] == [False, True]
-    assert {key for key in EARLIER_TILES if prob(*key).dequant_gemm} == {(4, 128, 256)}
+    assert {key for key in EARLIER_TILES if prob(*key).dequant_gemm} == {(4, 128, 65), (4, 128, 256)}
     assert not any(qc._unswapped_join(prob(*key)) for key in EARLIER_TILES)
 
 
@@ -327,7 +327,7 @@ def test_small_int4_weights_at_17_to_64_rows_run_dequant_gemm():
     from opforge.runtime import registry
     assert problem.DEQUANT_SMALL_NK == 8 * 2 ** 20 and problem.DEQUANT_SMALL_MAX_M == 64
     shapes = ((2048, 2048), (3072, 2048), (4096, 2048), (4097, 2048), (2048, 8192))
-    chosen = [(m, n, k) for m in (16, 17, 32, 64, 65) for n, k in shapes if _problem(m, n, k).dequant_gemm]
+    chosen = [(m, n, k) for m in (16, 17, 32, 64) for n, k in shapes if _problem(m, n, k).dequant_gemm]
     assert chosen == [(m, n, 2048) for m in (17, 32, 64) for n in (2048, 3072, 4096)]
     small, big, int8 = _problem(64, 2048, 2048), _problem(64, 4097, 2048), _problem(64, 2048, 2048, bits=8)
     assert tk.supports_dequant_gemm(small) is None
@@ -429,3 +429,32 @@ def test_dot_kernel_joined_and_swapped_forms(join, swap, bits, group_size, symme
         y = tk.launch_config(call, (block_m, block_n, min(group_size, 128), True, 4, 3), programs_per_sm=8,
                              join=join, swap=swap)
     assert rel_error(y, oracle(x, qw, bias)) < TOLERANCE[dtype]
+
+
+def test_int4_from_65_rows_runs_dequant_gemm_but_wide_short_weights_to_128():
+    """int4 from M = 65 rows (below DEQUANT_GEMM_MIN_M) runs dequant+cuBLAS, except weights with
+    N >= 16384 and K <= 2048 up to 128 rows (the Triton GEMM was faster there); int8 keeps its GEMM."""
+    from opforge.ops.quant import problem
+    from opforge.runtime import registry
+    assert (problem.INT4_DEQUANT_MIN_M, problem.INT4_WIDE_N, problem.INT4_WIDE_MAX_K, problem.INT4_WIDE_MAX_M) == \
+        (65, 16384, 2048, 128)
+    shapes = ((2048, 8192), (4096, 4096), (28672, 4096), (4096, 14336), (16384, 2048), (128256, 2048), (16383, 2048))
+    chosen = {(m, n, k) for m in (64, 65, 128, 129, 255) for n, k in shapes if _problem(m, n, k).mid_int4}
+    wide = {(16384, 2048), (128256, 2048)}
+    assert chosen == {(m, n, k) for m in (65, 128, 129, 255) for n, k in shapes if (n, k) not in wide or m > 128}
+    assert not _problem(128, 4096, 4096, bits=8).dequant_gemm
+    reason = tk.supports_dequant_gemm(_problem(100, 16384, 2048))
+    assert "nor int4 from M=65 (but N >= 16384 with K <= 2048 only from M=129)" in reason
+    with opforge.backend("triton"):
+        assert registry.select("linear", _problem(100, 4096, 4096), "cuda").variant.name == "dequant_gemm"
+        assert registry.select("linear", _problem(100, 16384, 2048), "cuda").variant.name == "prefill"
+        assert registry.select("linear", _problem(129, 16384, 2048), "cuda").variant.name == "dequant_gemm"
+
+
+@pytest.mark.parametrize("m", [65, 130])
+def test_int4_dequant_gemm_from_65_rows_matches_the_weight(m):
+    qw = opforge.quantize_weight(torch.randn(N, K, device=DEVICE) * 0.05, 4, 128)
+    x = torch.randn(m, K, device=DEVICE, dtype=torch.float16)
+    y, event = run_triton(x, qw)
+    assert event.variant == "dequant_gemm"
+    assert rel_error(y, oracle(x, qw)) < TOLERANCE[torch.float16]

@@ -19,8 +19,8 @@ Storage (what the kernels read; ``from_codes``/``dequantize`` hide it):
 The kernels never round a dequantized weight to 16 bits: per group they compute
 ``scale * (sum_k x*code - zero * sum_k x)`` with the integer codes (exact in fp16/bf16) as the
 tensor-core operand, so the result is what the QuantizedWeight represents up to float32
-accumulation (the ``dequant_gemm`` variant, for M >= 256 rows and small int4 weights at M 17..64,
-rounds the dequantized weight to x's dtype and lets cuBLAS multiply). Every call validates its arguments, selects a variant (Triton on CUDA, Metal
+accumulation (the ``dequant_gemm`` variant, for M >= 256 rows, small int4 weights at M 17..64 and
+int4 from M 65 (``problem.INT4_DEQUANT_MIN_M``), rounds the dequantized weight to x's dtype and lets cuBLAS multiply). Every call validates its arguments, selects a variant (Triton on CUDA, Metal
 ``qmv``/``qmm`` on MPS (``opforge.ops.quant.metal``, verified by emulation only), the torch path elsewhere), runs it and, inside ``opforge.trace()``,
 records it. A dense weight runs ``torch.nn.functional.linear`` and is traced as the torch backend,
 except one row of x (decode) with an fp16/bf16 weight on CUDA: opforge's dense GEMV
@@ -34,7 +34,8 @@ reduction for the int4 GEMV kernel (M <= 4), wide-K GEMV tiles for one row (the 
 128 for M 33..64, and the ``dequant_gemm`` variant from M >= 256 rows. With the swapped dot
 tiles (at f515a1a, ``config.SWAP_MAX_M``), the sweep at fed7445 (H100, bf16 x, int4 g128) adds
 for int4 at M 17..64: ``dequant_gemm`` on weights of N*K <= 8*2**20 (M=64 2048x2048 21.5 ->
-10.0 us, 3072x2048 21.5 -> 11.6; ``problem.DEQUANT_SMALL_NK``), and at M 33..64 on N*K >=
+10.0 us, 3072x2048 21.5 -> 11.6; ``problem.DEQUANT_SMALL_NK``; from M 65 on every int4 weight
+but wide, short ones up to 128 rows, ``problem.INT4_DEQUANT_MIN_M``), and at M 33..64 on N*K >=
 48*2**20 the dot kernel not swapped, JOIN, (64, 128, 128) tiles (M=64 28672x4096 102.4 -> 94.7,
 128256x2048 188.1 -> 160.8; ``config.UNSWAPPED_JOIN_MIN_NK``). The tile heuristics
 and their measurements are in ``opforge.ops.quant.config`` (``problem`` holds the variant thresholds).
@@ -116,8 +117,9 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
 
     Returns:
         (..., N) in x's dtype; accumulation in float32. Triton variants: ``decode`` (M <= 16 rows),
-        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 256, and int4 M 17..64 with
-        N*K <= 8*2**20: the weight dequantized to x's dtype, then cuBLAS), see ``opforge.ops.quant.triton_kernels``.
+        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 256, int4 M 17..64 with
+        N*K <= 8*2**20, int4 from M 65 but wide short weights to 128 rows: the weight dequantized
+        to x's dtype, then cuBLAS), see ``opforge.ops.quant.triton_kernels``.
         Metal variants (MPS tensors, also float32 x): ``qmv`` (M <= 16) and ``qmm``, see
         ``opforge.ops.quant.metal``.
 

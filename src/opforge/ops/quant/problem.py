@@ -29,6 +29,19 @@ DEQUANT_GEMM_MIN_M: "Optional[int]" = 256
 #: dequant+cuBLAS is slower (M=64 29.3 vs 23.5). int8 keeps its kernel (ahead or within a hair).
 DEQUANT_SMALL_NK = 8 * 2 ** 20
 DEQUANT_SMALL_MAX_M = 64
+#: int4 weights take ``dequant_gemm`` from ``INT4_DEQUANT_MIN_M`` rows too (below
+#: ``DEQUANT_GEMM_MIN_M``), except wide, short weights (N >= ``INT4_WIDE_N``, K <=
+#: ``INT4_WIDE_MAX_K``) up to ``INT4_WIDE_MAX_M`` rows, where the Triton GEMM is still ahead. H100
+#: (quant suite, bf16 x, g128, results/h100/2026-11-27-a133ac3/), dequant+cuBLAS vs the Triton GEMM
+#: at M = 96 / 128 / 192, us: 2048x8192 34.7 / 37.0 / 40.6 vs 80.8 / 81.7 / 155.2; 4096x4096 31.7 /
+#: 33.3 / 35.4 vs 80.1 / 79.8 / 80.5; 6144x4096 50.5 / 50.4 / 54.3 vs 78.3 / 76.4 / 104.9; 28672x4096
+#: 215.7 / 214.5 / 220.4 vs 220.5 / 226.0 / 330.4; 4096x14336 114.3 / 115.5 / 117.3 vs 106.8 / 135.2 /
+#: 200.2; wide: 16384x2048 66.2 / 67.0 / 68.8 vs 54.8 / 54.7 / 102.4, 128256x2048 468.3 / 474.1 /
+#: 479.8 vs 436.6 / 439.4 / 641.4. int8 was not measured there and keeps its Triton GEMM.
+INT4_DEQUANT_MIN_M = 65
+INT4_WIDE_N = 16384
+INT4_WIDE_MAX_K = 2048
+INT4_WIDE_MAX_M = 128
 
 
 @dataclass(frozen=True)
@@ -74,10 +87,19 @@ class LinearProblem(ProblemRecord):
                 and self.n * self.k <= DEQUANT_SMALL_NK)
 
     @property
+    def mid_int4(self) -> bool:
+        """int4, M ``INT4_DEQUANT_MIN_M`` and more, not a wide, short weight at up to
+        ``INT4_WIDE_MAX_M`` rows: dequant+cuBLAS beats the Triton GEMM."""
+        if self.bits != 4 or self.m < INT4_DEQUANT_MIN_M:
+            return False
+        wide = self.n >= INT4_WIDE_N and self.k <= INT4_WIDE_MAX_K
+        return not (wide and self.m <= INT4_WIDE_MAX_M)
+
+    @property
     def dequant_gemm(self) -> bool:
-        """Whether the ``dequant_gemm`` variant runs this problem (given kernel dtypes): ``large``
-        or ``small_int4``."""
-        return self.large or self.small_int4
+        """Whether the ``dequant_gemm`` variant runs this problem (given kernel dtypes): ``large``,
+        ``small_int4`` or ``mid_int4``."""
+        return self.large or self.small_int4 or self.mid_int4
 
 
     def describe(self) -> str:

@@ -26,10 +26,11 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   the decode variant at M <= 4 and dequant+cuBLAS from 256 rows.
 
 * ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``; also int4 at M 17..64 with
-  N*K <= ``problem.DEQUANT_SMALL_NK``): ``_dequant_kernel`` writes the weight in x's dtype (one
+  N*K <= ``problem.DEQUANT_SMALL_NK``, and int4 from M 65 except wide, short weights up to 128
+  rows: ``problem.INT4_DEQUANT_MIN_M``): ``_dequant_kernel`` writes the weight in x's dtype (one
   pass over N*K), then cuBLAS (``F.linear``). The one variant that rounds the dequantized weight
   to 16 bits; at these M the GEMM dwarfs the extra pass, and on small int4 weights the dot
-  kernel's fixed cost does (H100, M=64 2048x2048: 21.5 -> 10.0 us).
+  kernel's fixed cost does (H100, M=64 2048x2048: 21.5 -> 10.0 us; M=128 4096x4096 79.8 -> 33.3).
 
 The GEMV and dot kernels split K when the tiles alone give fewer than ``PROGRAMS_PER_SM`` programs per SM: each
 split writes float32 partials to a workspace (split, M, N); a tiny second kernel or, with
@@ -526,7 +527,9 @@ def supports_dequant_gemm(p: LinearProblem):
 
 def _not_dequant_gemm_reason(p: LinearProblem) -> str:
     small = f", and not int4 at M 17..{qproblem.DEQUANT_SMALL_MAX_M} with N*K <= {qproblem.DEQUANT_SMALL_NK}"
-    return f"M={p.m} rows < {qproblem.DEQUANT_GEMM_MIN_M}{small}: the Triton GEMM's (exact codes, no weight pass)"
+    mid = (f", nor int4 from M={qproblem.INT4_DEQUANT_MIN_M} (but N >= {qproblem.INT4_WIDE_N} with K <= "
+           f"{qproblem.INT4_WIDE_MAX_K} only from M={qproblem.INT4_WIDE_MAX_M + 1})")
+    return f"M={p.m} rows < {qproblem.DEQUANT_GEMM_MIN_M}{small}{mid}: the Triton GEMM's (exact codes, no weight pass)"
 
 
 def supports_prefill(p: LinearProblem):
@@ -539,7 +542,7 @@ VARIANTS = (
      "MMA K step, unpacked in the operand's registers; any M (made for 2..64); off unless repacked"),
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
-     "M >= 256, also int4 M 17..64 with N*K <= 8*2**20: weight dequantized "
-     "to x's dtype in one pass, then cuBLAS"),
+     "M >= 256, also int4 M 17..64 with N*K <= 8*2**20 and int4 from M 65 (wide short weights "
+     "from 129): weight dequantized to x's dtype in one pass, then cuBLAS"),
     ("prefill", supports_prefill, launch, "M > 16: codes fed to tl.dot per group tile, scale/zero per group"),
 )
