@@ -94,7 +94,7 @@ start=$SECONDS
 OPFORGE_VERIFY_PROGRESS=1 timeout -s INT -k 10 240 "$PY" -m opforge verify --quick > "$LOGS/verify.log" 2>&1 &
 verify_pid=$! verify_rc=
 echo "pass 1 (plans off, launch keys checked):"
-OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 230 60 tests || status=1
+OPFORGE_PLANS=0 OPFORGE_CHECK_LAUNCH_KEYS=1 run_pass keys 330 60 tests || status=1
 echo "pass 2 (default launch paths):"
 run_pass default 150 60 tests/ops tests/runtime tests/models || status=1
 [ "$verify_rc" != 0 ] && status=1
