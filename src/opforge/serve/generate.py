@@ -120,13 +120,18 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class _HeldEngine:
-    """The engine ``generate`` keeps on a model, and what it was sized for."""
+    """The engine ``generate`` keeps on a model, and whether it was asked for CUDA graphs (on a
+    CPU the engine has none either way, so the request is what a later call must match)."""
 
     engine: Engine
-    max_num_seqs: int
-    kv_blocks: int
-    max_num_batched_tokens: int
     graphs: bool
+
+    def fits(self, batch: int, blocks: int, prompt_tokens: int, graphs: bool) -> bool:
+        """Whether an idle held engine can run a call of these sizes."""
+        e = self.engine
+        return (batch <= e.max_num_seqs and blocks <= e.cache.usable_blocks
+                and prompt_tokens <= e.scheduler.max_num_batched_tokens and graphs == self.graphs
+                and not e.has_unfinished())
 
 
 def _engine_for(model: Any, batch: int, blocks: int, prompt_tokens: int, graphs: bool) -> tuple[Engine, bool]:
@@ -134,18 +139,16 @@ def _engine_for(model: Any, batch: int, blocks: int, prompt_tokens: int, graphs:
     it was reused. The old engine is freed before the new one takes its memory."""
     held = model.client_state
     if isinstance(held, _HeldEngine):
-        if (batch <= held.max_num_seqs and blocks <= held.kv_blocks and prompt_tokens <= held.max_num_batched_tokens
-                and graphs == held.graphs and not held.engine.has_unfinished()):
+        if held.fits(batch, blocks, prompt_tokens, graphs):
             return held.engine, True
         model.client_state = held = None
         gc.collect()                    # the engine and the model reference each other
         if model.device.type == "cuda":
             torch.cuda.empty_cache()
-    tokens = max(8192, prompt_tokens)
     # one step prefills every prompt (as a batch), so the decode steps that follow are all timed
     engine = Engine(model, max_num_seqs=batch, block_size=_BLOCK_SIZE, kv_blocks=blocks, enable_prefix_caching=False,
-                    max_num_batched_tokens=tokens, cuda_graphs=graphs, tokenizer=None)
-    model.client_state = _HeldEngine(engine, batch, blocks, tokens, graphs)
+                    max_num_batched_tokens=max(8192, prompt_tokens), cuda_graphs=graphs, tokenizer=None)
+    model.client_state = _HeldEngine(engine, graphs)
     return engine, False
 
 
