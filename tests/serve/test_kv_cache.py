@@ -6,6 +6,7 @@ import pytest
 from opforge.serve.kv_cache import SCRATCH_BLOCK, BlockManager
 from opforge.serve.sampling import SamplingParams
 from opforge.serve.scheduler import FINISHED, Chunk, Scheduler, Sequence
+from scheduling import complete
 
 
 def test_blocks_are_handed_out_without_the_scratch_block_and_come_back():
@@ -86,13 +87,7 @@ def _drive(seed: int, operations: int) -> dict:
         elif op == "step":
             for chunk in sched.schedule():
                 assert len(cache.table(chunk.seq.request_id)) * 4 >= chunk.start + chunk.count
-                sched.computed(chunk)
-                if chunk.samples:
-                    chunk.seq.tokens.append(rng.randrange(50))
-                    if chunk.seq.generated >= chunk.seq.params.max_tokens:
-                        sched.remove(chunk.seq)
-                        live.remove(chunk.seq)
-                        counts["finished"] += 1
+                counts["finished"] += complete(sched, chunk, rng, live)
         counts[op] += 1
         cache.check()
         assert len(sched.running) <= 5

@@ -8,6 +8,7 @@ from opforge.models.testing import tiny_decoder
 from opforge.serve import Engine, SamplingParams
 from opforge.serve.kv_cache import BlockManager
 from opforge.serve.scheduler import Scheduler, Sequence
+from scheduling import complete
 from opforge.testing import DEVICE
 
 
@@ -92,13 +93,7 @@ def test_random_load_with_preemption_keeps_the_bound(bound):
         else:
             full += prompt > bound
         for c in chunks:
-            sched.computed(c)
-            if c.samples:
-                c.seq.tokens.append(rng.randrange(50))
-                if c.seq.generated >= c.seq.params.max_tokens:
-                    sched.remove(c.seq)
-                    live.remove(c.seq)
-                    finished += 1
+            finished += complete(sched, c, rng, live)
         cache.check()
     # the run exercised what it claims: steps that mix in prompt tokens, steps past the bound
     # with nothing decoding, preemption, and requests finishing
