@@ -184,15 +184,24 @@ async def _online(url: str, model: str, args: argparse.Namespace, warm: list[Loa
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         send = http_sender(client, url, model, headers)
         await run_load(warm, send)
-        rows = []
-        for rate, concurrency in _settings(args):
-            records, seconds = await run_load(work, send, rate, concurrency, seed=args.seed)
-            row = {"mode": "online", "rate": rate, "concurrency": concurrency, **summarize(records, seconds)}
-            if args.records:
-                row["records"] = records_json(records)
-            rows.append(row)
-            _print_row(row)
-        return rows
+        return await _rows_at_settings("online", send, args, work)
+
+
+async def _rows_at_settings(mode: str, send: Any, args: argparse.Namespace, work: list[LoadRequest],
+                            annotate: Any = None) -> list[dict[str, Any]]:
+    """One printed row per ``--rate`` x ``--concurrency`` setting: the workload sent through
+    ``send``; ``annotate(row, records)`` adds to a row what its records say."""
+    rows = []
+    for rate, concurrency in _settings(args):
+        records, seconds = await run_load(work, send, rate, concurrency, seed=args.seed)
+        row = {"mode": mode, "rate": rate, "concurrency": concurrency, **summarize(records, seconds)}
+        if annotate is not None:
+            annotate(row, records)
+        if args.records:
+            row["records"] = records_json(records)
+        rows.append(row)
+        _print_row(row)
+    return rows
 
 
 def _peer_rows(model_dir: str, args: argparse.Namespace, warm: list[LoadRequest], work: list[LoadRequest],
@@ -244,22 +253,15 @@ async def _peer_load(peer: Any, texts: dict[tuple[int, ...], str], args: argpars
         warm_records, _ = await run_load(warm, send)        # the first request starts its batching manager
         warmup_seconds = time.perf_counter() - start
         print(f"transformers serve warm-up: {len(warm)} requests in {warmup_seconds:.1f} s", flush=True)
-        rows = []
-        for rate, concurrency in _settings(args):
-            records, seconds = await run_load(work, send, rate, concurrency, seed=args.seed)
-            row = {"mode": "transformers-serve", "rate": rate, "concurrency": concurrency,
-                   **summarize(records, seconds),
-                   "peer": {"endpoint": peer.endpoint, "warmup_seconds": warmup_seconds,
-                            "warmup_failed": sum(r.error is not None for r in warm_records),
-                            "ignore_eos": "generation_config eos_token_id=-1",
-                            "requested_output_tokens": sum(r.max_tokens for r in work),
-                            "output_tokens_from": "chunks" if any(r.counted_from_chunks for r in records)
-                            else "usage"}}
-            if args.records:
-                row["records"] = records_json(records)
-            rows.append(row)
-            _print_row(row)
-        return rows
+
+        def annotate(row: dict[str, Any], records: list[Any]) -> None:
+            row["peer"] = {"endpoint": peer.endpoint, "warmup_seconds": warmup_seconds,
+                           "warmup_failed": sum(r.error is not None for r in warm_records),
+                           "ignore_eos": "generation_config eos_token_id=-1",
+                           "requested_output_tokens": sum(r.max_tokens for r in work),
+                           "output_tokens_from": "chunks" if any(r.counted_from_chunks for r in records) else "usage"}
+
+        return await _rows_at_settings("transformers-serve", send, args, work, annotate)
 
 
 def _print_row(row: dict[str, Any]) -> None:
