@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import uvicorn
 
 from opforge.models.testing import write_tiny_checkpoint
 from opforge.serve.api import ServerConfig, create_app
+from opforge.serve.loadgen import free_port
 from opforge.serve.chat_template import load_chat_template
 from opforge.serve.cli import build_engine
 
@@ -29,12 +29,6 @@ MAX_MODEL_LEN = 96
 def model_dir() -> str:
     """A tiny random Llama checkpoint with tokenizer.json and tokenizer_config.json (chat template)."""
     return write_tokenizer(write_tiny_checkpoint())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ThreadServer:

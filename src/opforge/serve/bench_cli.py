@@ -33,8 +33,8 @@ from typing import Any, Optional, Sequence
 import httpx
 import torch
 
-from .loadgen import (LoadRequest, engine_batch, engine_sender, http_sender, ragged_workload, records_json, run_load,
-                      summarize, text_sender)
+from .loadgen import (LoadRequest, engine_batch, engine_sender, free_port, http_sender, ragged_workload, records_json,
+                      run_load, summarize, text_sender)
 
 EPILOG = """\
 examples:
@@ -85,10 +85,7 @@ def _server_args(args: argparse.Namespace) -> list[str]:
 
 
 def _start_server(model_dir: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "opforge", "serve", model_dir, "--port", str(port), "--served-model-name", "bench",
            *_server_args(args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

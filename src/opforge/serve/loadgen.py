@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import random
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable, Optional
@@ -88,6 +89,18 @@ async def run_load(requests: list[LoadRequest], send: Callable[[LoadRequest], Aw
             await asyncio.sleep(rng.expovariate(rate))
     records = await asyncio.gather(*tasks)
     return list(records), time.perf_counter() - start
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server under load (the bench's or a peer's).
+
+    Example:
+        >>> 0 < free_port() < 65536
+        True
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: Optional[dict[str, str]],

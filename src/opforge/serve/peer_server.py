@@ -29,7 +29,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import httpx
+
+from .loadgen import free_port
 
 #: the chat template of the id tokenizer: the messages' contents, nothing added
 ID_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -129,12 +130,6 @@ class PeerServer:
         return self.process.returncode
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_transformers_server(model_dir: str, device: str, dtype: str = "auto", extra_args: Sequence[str] = (),
                               timeout_s: float = 900.0) -> PeerServer:
     """Start ``transformers serve MODEL_DIR --continuous-batching`` on a free loopback port and wait
@@ -144,7 +139,7 @@ def start_transformers_server(model_dir: str, device: str, dtype: str = "auto", 
     if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")) and \
             not os.path.isfile(os.path.join(model_dir, "tokenizer_config.json")):
         raise PeerServerError(f"model_dir {model_dir!r} has no tokenizer; transformers serve needs one")
-    port = _free_port()
+    port = free_port()
     model = os.path.abspath(model_dir)
     cmd = [sys.executable, "-m", "opforge.serve.peer_server", model, "--continuous-batching", "--device", device,
            "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port), *extra_args]
