@@ -4,8 +4,9 @@
 1. Check: at the nine 1B/8B projection shapes and M = 2, 4, 8, 16, 32, 64 (bf16 x), the
    candidate's output against ``x.double() @ w.dequantize(float64).T`` (within bf16's tolerance),
    and its other forms (plain-op unpack, in-kernel split reduction, other splits and stages,
-   fp16 x) at M = 16 and 64. (At M <= 4 a planes weight runs the decode variant's GEMV, which
-   reads the planes layout: "planes" there is that GEMV, "planes mma" the planes kernel.)
+   fp16 x) at M = 16 and 64. (At one row a planes weight runs the decode variant's GEMV, which
+   reads the planes layout: "planes" there is that GEMV, "planes mma" the planes kernel; the
+   ``quant_batch`` bench suite now times the planes and rows layouts at 1..128 rows.)
    A candidate form that fails is not timed (it is a result, in ``errors``).
 2. Time, as ``gpu_decode_breakdown.py``'s sweep does (its ``graph_us``): a CUDA graph of L
    launches over L different weights (>= 160 MB in all, L2-cold), same x; time per launch =
@@ -90,11 +91,11 @@ def graph_us(fns: list[Callable[[], Any]], replays: int = 20) -> float:
 
 TARGETS = {16: 2.2, 64: 1.6}
 ROWS_FIRST = (16, 64)
-ROWS_LATER = (1, 2, 4, 8, 32)   # M <= 4: "planes" is the GEMV reading the planes layout
+ROWS_LATER = (1, 2, 4, 8, 32)   # M = 1: "planes" is the GEMV reading the planes layout
 #: The candidate's forms besides its default: name -> launch_planes keyword arguments, and the
 #: rows they are timed at (the default tiles are always timed).
 FORMS: dict[str, tuple[dict, tuple]] = {
-    "planes mma": ({}, (2, 4)),   # the planes kernel itself where the GEMV takes the planes layout
+    "planes mma": ({}, (1,)),   # the planes kernel itself where the GEMV takes the planes layout
     "planes no-asm": ({"asm": False}, (16, 64)),
     "planes fixup": ({"fixup": True}, (16, 64)),
     "planes pps2": ({"programs_per_sm": 2}, (16,)),

@@ -17,7 +17,7 @@ from .ops.delay import apply_delay, revert_delay
 from .ops.attention import attention, decode_attention
 from .ops.paged import paged_attention, paged_kv_cache_append, paged_rotary_kv_cache_append
 from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
-from .ops.quant import QuantizedWeight, linear, quantize_weight
+from .ops.quant import QuantizedWeight, linear, preferred_layout, quantize_weight, repack
 from .nn.quant import quantize_model
 from .ops.rotary import kv_cache_append, rotary_embedding, rotary_kv_cache_append
 from .ops.softmax import log_softmax, softmax
@@ -41,6 +41,6 @@ __all__ = [
     "device_config", "DeviceConfig",
     "fuse", "FusionError", "UnfusableError",
     "load_safetensors", "save_safetensors", "SafetensorsError", "load_gguf", "GGUFError",
-    "QuantizedWeight", "quantize_weight", "linear", "quantize_model",
+    "QuantizedWeight", "quantize_weight", "repack", "preferred_layout", "linear", "quantize_model",
     "where", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "minimum", "maximum", "pow", "cast",
 ]

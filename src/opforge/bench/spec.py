@@ -26,11 +26,13 @@ Outputs = tuple[torch.Tensor, ...]
 OPFORGE = "opforge"
 #: opforge's own kernel on another layout of the same data (the paged ops' contiguous-cache peer).
 CONTIGUOUS = "opforge-contiguous"
+#: opforge on the same int4 weight in the rows layout (the peer of the planes layout).
+ROWS_LAYOUT = "opforge-rows"
 TORCH = "torch"
 COMPILE = "torch.compile"
 LIGER = "liger"
 CPU = "torch-cpu"
-IMPL_ORDER: tuple[str, ...] = (OPFORGE, CONTIGUOUS, TORCH, COMPILE, LIGER, CPU)
+IMPL_ORDER: tuple[str, ...] = (OPFORGE, CONTIGUOUS, ROWS_LAYOUT, TORCH, COMPILE, LIGER, CPU)
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,

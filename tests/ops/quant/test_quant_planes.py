@@ -122,23 +122,27 @@ def test_repack_refuses_what_the_layout_cannot_hold(make, words):
 def test_planes_kernel_matches_the_weight_it_holds(m, group_size, symmetric, dtype):
     """Every BLOCK_M (16, 32, 64, several M tiles), groups smaller than, equal to and larger than
     the 128-code chunk, both zero kinds, both dtypes (the interpreter runs the MMA in float32);
-    also at the few rows the GEMV kernel takes by default."""
+    also where the GEMV kernel (one row) or dequant+cuBLAS (small weights from 33 rows) runs by
+    default."""
     qw, pw = planes_weight(96, 256, group_size, symmetric, seed=m)
     x = torch.randn(m, 256, device=DEVICE, dtype=dtype)
-    y = planes.launch_planes(prepare(x, pw, None))
+    call = prepare(x, pw, None)
+    y = planes.launch_planes(call)
     assert y.shape == (m, 96) and y.dtype == dtype
     assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
-    if m > 4:
+    by_default = planes.supports_planes(call.problem) is None
+    assert by_default == (m > 1 and not (m >= 33 and 96 * 256 <= planes.PLANES_DEQUANT_SMALL_NK))
+    if by_default:
         assert rel_error(run_planes(x, pw), oracle(x, qw)) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("m, k, group_size, symmetric, variant", [
-    (1, 2048, 128, False, "decode"), (1, 384, -1, True, "decode"), (3, 256, 128, True, "decode"),
-    (4, 512, 128, False, "decode"), (1, 256, 64, False, "planes"), (3, 256, 32, True, "planes"),
+    (1, 2048, 128, False, "decode"), (1, 384, -1, True, "decode"), (3, 256, 128, True, "planes"),
+    (2, 512, 128, False, "planes"), (1, 256, 64, False, "planes"), (3, 256, 32, True, "planes"),
     (5, 256, 128, False, "planes")])
-def test_the_gemv_kernel_reads_the_planes_layout_at_few_rows(m, k, group_size, symmetric, variant):
-    """M <= 4 with groups of >= 128: the decode variant's GEMV (wide-K tiles at M = 1) reads the
-    planes layout (x's columns by ``_code_columns``); smaller groups or more rows run planes."""
+def test_the_gemv_kernel_reads_the_planes_layout_at_one_row(m, k, group_size, symmetric, variant):
+    """One row with groups of >= 128: the decode variant's GEMV (wide-K tiles) reads the planes
+    layout (x's columns by ``_code_columns``); smaller groups or more rows run planes."""
     qw, pw = planes_weight(72, k, group_size, symmetric, seed=k + m)
     x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)
     bias = torch.randn(72, device=DEVICE, dtype=torch.float16)
@@ -181,11 +185,13 @@ def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     problem = prepare(x, pw, None).problem
     for supports in (tk.supports_decode, tk.supports_prefill, tk.supports_dequant_gemm):
         assert "the weight is in the planes layout" in supports(problem)
-    many = LinearProblem(torch.float16, 300, 64, 256, 4, 128, False, False, "cuda", "planes")
+    many = LinearProblem(torch.float16, 300, 4096, 4096, 4, 128, False, False, "cuda", "planes")
     assert tk.supports_dequant_gemm(many) is None and "dequant+cuBLAS" in planes.supports_planes(many)
     assert "planes layout" in tk.supports_prefill(many)
-    few = prepare(x[:2], pw, None).problem
+    few = prepare(x[:1], pw, None).problem
     assert tk.supports_decode(few) is None and "GEMV reads the planes layout" in planes.supports_planes(few)
+    head = LinearProblem(torch.float16, 1, planes.PLANES_MMA_MIN_N, 2048, 4, 128, False, False, "cuda", "planes")
+    assert planes.supports_planes(head) is None and "N < 65536" in tk.supports_decode(head)   # an output head
     assert "chosen: triton.decode" in rows_text and "not triton.planes: the weight is in the rows layout" in rows_text
     with opforge.backend("torch"), opforge.trace() as t:      # the torch path reads either layout
         y = opforge.linear(x, pw)
@@ -237,3 +243,17 @@ def test_quant_linear_refuses_a_planes_weight():
     with pytest.raises(ValueError, match="rows-layout"):
         opforge.nn.QuantLinear(repack(w, "planes"))
     assert opforge.nn.QuantLinear(w).weight.layout == "rows"
+
+
+def test_preferred_layout_is_planes_for_int4_on_cuda_where_it_fits():
+    """What the model loader repacks to: planes for int4 on CUDA with groups of >= 128 (or one per
+    row) that the layout can hold; rows elsewhere and for anything else."""
+    w = torch.randn(8, 256)
+    g128, per_row = opforge.quantize_weight(w, 4, 128), opforge.quantize_weight(w, 4, -1)
+    assert [opforge.preferred_layout(q, "cuda") for q in (g128, per_row)] == ["planes", "planes"]
+    assert opforge.preferred_layout(g128, "cpu") == "rows" and opforge.preferred_layout(g128, "mps") == "rows"
+    fp32_scales = QuantizedWeight.from_codes(torch.randint(0, 16, (4, 128)), torch.rand(4, 1) + 0.1, None, 4, 128)
+    half_zeros = QuantizedWeight.from_codes(torch.randint(0, 16, (4, 128)), torch.rand(4, 1).half() + 0.1,
+                                            torch.full((4, 1), 7.5).half(), 4, 128)
+    for other in (opforge.quantize_weight(w, 4, 32), opforge.quantize_weight(w, 8, 128), fp32_scales, half_zeros):
+        assert opforge.preferred_layout(other, "cuda") == "rows"

@@ -5,11 +5,13 @@ Storage (what the kernels read; ``from_codes``/``dequantize`` hide it):
 * int4: ``packed`` int32 (N, K/8), row-major; word ``j`` of row ``n`` holds codes
   ``k = 8j .. 8j+7``, code ``8j+i`` in bits ``4i .. 4i+3``. A kernel loads a (BLOCK_N, BLOCK_K/8)
   tile of words (16-byte vector loads along K) and unpacks it in registers with shifts.
-* int4 repacked (``repack(w, "planes")``, ``QuantizedWeight.layout == "planes"``; off unless
-  asked for): per chunk of 128 codes of a row, nibble ``i`` of word ``c`` holds column
-  ``16i + c``, so nibble ``i`` of a word tile is one tensor-core K step (``opforge.ops.quant.planes``,
-  the ``planes`` variant; the GEMV reads it at M <= 4). Scale and zero then also travel as one
-  int32 per group and row (``group_words``, derived).
+* int4 repacked (``repack(w, "planes")``, ``QuantizedWeight.layout == "planes"``; what
+  ``opforge.models.load`` gives int4 weights on CUDA, ``preferred_layout``): per chunk of 128
+  codes of a row, nibble ``i`` of word ``c`` holds column ``16i + c``, so nibble ``i`` of a word
+  tile is one tensor-core K step (``opforge.ops.quant.planes``, the ``planes`` variant, 2..255 rows;
+  the GEMV reads it at one row, dequant+cuBLAS from 256 rows and on small weights from 33). Scale
+  and zero then also travel as one int32 per group and row (``group_words``, derived). H100
+  (``quant_batch`` suite): 1.1-2.9x the rows layout at 2-128 rows, 0.79-0.98x at one row.
 * int8: ``packed`` uint8 (N, K), row-major.
 * ``scales_t`` and ``zeros_t`` (K/group, N): transposed, so the scales of the BLOCK_N rows a
   program works on are one contiguous load. float16 from ``quantize_weight`` (see there);
@@ -52,7 +54,7 @@ from ...runtime.compile_support import compiled
 from ...runtime.errors import FLOAT_DTYPES
 from . import fakes, reference
 from .problem import OPS, LinearCall, prepare
-from .weight import QuantizedWeight, quantize_weight, repack
+from .weight import QuantizedWeight, preferred_layout, quantize_weight, repack
 
 
 try:   # the dense GEMV needs triton (absent on Macs)
@@ -163,4 +165,4 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
 fakes.bind(linear=linear)
 _register()
 
-__all__ = ["QuantizedWeight", "quantize_weight", "linear", "repack"]
+__all__ = ["QuantizedWeight", "quantize_weight", "linear", "repack", "preferred_layout"]

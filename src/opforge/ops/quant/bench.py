@@ -21,6 +21,12 @@ and a dense bf16 weight (``linear_dense``: ``opforge.linear`` with a dense weigh
 runs opforge's dense GEMV at M = 1, against cuBLAS ``F.linear``). It repeats in the harness what
 ``opforge bench --suite model`` measures inside the whole decode step in CUDA graphs; its calls are eager, so
 the small shapes are host-bound (first GPU run: at fed7445, ``benchmarks/results/h100/2026-11-23-fed7445/run6``).
+
+Suite: ``quant_batch`` (``opforge bench --suite quant_batch``): int4 g128 at the row counts of
+batched decode (M = 1 .. 128) on the same nine projection shapes, the weight in the layout
+opforge loads it in on CUDA (``planes``, op ``linear_int4_g128_planes``) against the same weight
+in the rows layout (``opforge-rows``) and cuBLAS bf16 (``torch``). Targets: the speed issue's
+int4 goals, 3.0x cuBLAS at M = 1, 2.2x at 16, 1.6x at 64.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ import torch.nn.functional as F
 
 from opforge.bench.impls import eager_impl
 from opforge.bench.targets import speedup_at_least
-from opforge.bench.spec import OPFORGE, TORCH, BuildContext, Inputs, OpSpec, Shape, Suite, SuiteEntry, \
+from opforge.bench.spec import OPFORGE, ROWS_LAYOUT, TORCH, BuildContext, Inputs, OpSpec, Shape, Suite, SuiteEntry, \
     register_op, register_suite
 
 WEIGHT_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (128256, 2048))
@@ -131,5 +137,49 @@ DECODE_GEMV_SUITE = register_suite(
                  for op in ("linear_dense", "linear_int4_g128", "linear_int8")],
         impls=(OPFORGE, TORCH),
         metric="gpu_us",
+    )
+)
+
+
+def _planes_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Inputs:
+    import opforge
+    x, qw, dense = _inputs(4, 128, False)(shape, dtype, device, g)
+    return (x, opforge.repack(qw, "planes"), qw, dense)
+
+
+def _planes_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    m, n, k = shape
+    return _bytes(4, 128, False)(shape, dtype) + n * (k // 128) * 4    # + the group words the kernel reads
+
+
+def _opforge_planes(ctx: BuildContext) -> Callable[..., Any]:
+    import opforge
+    return lambda x, pw, qw, dense: opforge.linear(x, pw)
+
+
+def _opforge_rows(ctx: BuildContext) -> Callable[..., Any]:
+    import opforge
+    return lambda x, pw, qw, dense: opforge.linear(x, qw)
+
+
+LINEAR_INT4_PLANES = register_op(OpSpec(
+    name="linear_int4_g128_planes", make_inputs=_planes_inputs,
+    reference=lambda x, pw, qw, dense: x @ qw.dequantize(torch.float64).T, bytes_moved=_planes_bytes,
+    impls={OPFORGE: _opforge_planes, ROWS_LAYOUT: _opforge_rows,
+           TORCH: eager_impl(lambda x, pw, qw, dense: F.linear(x, dense))}))
+
+#: Rows of x in batched decode (a serving engine's decode steps run 1..128 sequences at once).
+BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64, 96, 128)
+
+QUANT_BATCH_SUITE = register_suite(
+    Suite(
+        name="quant_batch",
+        description="int4 g128 at decode batch sizes (M = 1..128): planes layout vs rows layout vs cuBLAS bf16",
+        entries=[SuiteEntry("linear_int4_g128_planes", tuple((m, n, k) for n, k in DECODE_SHAPES for m in BATCH_ROWS),
+                            (torch.bfloat16,))],
+        impls=(OPFORGE, ROWS_LAYOUT, TORCH),
+        metric="gpu_us",
+        targets=[speedup_at_least(TORCH, {("linear_int4_g128_planes", 1): 3.0, ("linear_int4_g128_planes", 16): 2.2,
+                                          ("linear_int4_g128_planes", 64): 1.6})],
     )
 )

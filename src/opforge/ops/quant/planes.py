@@ -1,9 +1,8 @@
 """The ``planes`` Triton variant of ``linear``: int4 weights repacked into the planes layout
-(``weight.repack``), on tensor cores, made for M = 5..64 (up to 255 rows run several M tiles).
+(``weight.repack``), on tensor cores, M = 2..255 (more than 64 rows run several M tiles).
 The other kernels read the planes layout where they run better: the decode variant's GEMV at
-M <= 4 with groups of >= 128, dequant+cuBLAS (its dequantize kernel) from 256 rows. Off unless a
-weight is repacked: nothing in opforge repacks by default (unmeasured on a GPU;
-``benchmarks/tools/int4_candidate.py`` measures it).
+one row with groups of >= 128 (``planes_gemv``), dequant+cuBLAS (its dequantize kernel) on small
+weights from 33 rows and on every weight from 256 (``planes_dequant``).
 
 What bounds the rows-layout dot kernel (``triton_kernels._qmm_kernel``, SWAP+JOIN; H100, CUDA
 graphs over L2-cold weights, at fed7445): M=16 8B gate_up 69 us for 62 MB of packed weight
@@ -44,7 +43,7 @@ from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
-from .config import GEMV_ROWS, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
+from .config import MAX_SPLIT, PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
@@ -52,7 +51,7 @@ from .weight import PLANE_CHUNK
 #: BLOCK_M of the planes kernel is the power of two >= M within 16..``PLANES_MAX_BLOCK_M``.
 PLANES_MAX_BLOCK_M = 64
 #: (BLOCK_N, num_warps, num_stages, programs per SM that K splits aim at) by BLOCK_M
-#: (``planes_config``), chosen without a GPU from the sm_90 compile (``benchmarks/tools/
+#: (``planes_config``), first chosen without a GPU from the sm_90 compile (``benchmarks/tools/
 #: int4_candidate.py --ptx``). 16/32 rows: one warpgroup on 64 features, 4 stages (63/87
 #: registers, 29/46 KB shared: 4+ programs fit an SM), splits aiming at 4 programs per SM as the
 #: other dot kernels. 64 rows: two warpgroups on 128 features, which halves the re-reads of x
@@ -61,6 +60,29 @@ PLANES_MAX_BLOCK_M = 64
 #: warps sent the codes through shared memory: not used. In each chosen tile the codes' words
 #: go from shared memory straight into the MMA's operand layout (no local_alloc in the K loop).
 PLANES_TILES = {16: (64, 4, 4, 4), 32: (64, 4, 4, 4), 64: (128, 8, 3, 2)}
+#: 64-row tiles by the weight's size N*K (H100, CUDA graphs over L2-cold weights, bf16 x, g128,
+#: M=64, ``results/h100/2026-11-27-547b7e0``): up to 16*2**20 elements (1B down, 8B o) 64 features,
+#: 4 warps, splits for 3 programs per SM: 16.3 vs 18.7 / 18.3 us; from 48*2**20 (8B down and
+#: gate_up, 1B lm_head) 256 features, 8 warps, no split: 30.7 vs 39.0, 46.8 vs 61.7, 96.5 vs 123.3.
+#: Between them (1B gate_up, 8B qkv) ``PLANES_TILES[64]`` was best.
+PLANES_TILES_64_SMALL = (64, 4, 3, 3)
+PLANES_TILES_64_SMALL_MAX_NK = 16 * 2 ** 20
+PLANES_TILES_64_LARGE = (256, 8, 3, 1)
+PLANES_TILES_64_LARGE_MIN_NK = 48 * 2 ** 20
+#: A planes weight runs the decode variant's GEMV (it reads the planes layout, groups of >= 128)
+#: up to this many rows; from 2 rows the planes kernel with 16 padded rows is faster (same run,
+#: ``planes mma`` against the GEMV: M=2 1B gate_up 12.9 vs 20.3 us, 8B down 19.9 vs 34.6; M=4
+#: 13.3 vs 25.8, 20.4 vs 43.8) ...
+PLANES_GEMV_MAX_M = 1
+#: ... and at one row too on weights of at least this many rows N (an output head): the planes
+#: kernel pads x to 16 rows, so one row costs what two do, and on the 1B head (128256 x 2048)
+#: that was 72.4 us at M=2 against the GEMV's 82-87 at M=1 (``quant_batch``, H100).
+PLANES_MMA_MIN_N = 65536
+#: dequant+cuBLAS for a planes weight at M 33..64 on weights of at most this many elements
+#: (M=64 1B qkv: planes 14.1 us at best vs 12.1; 1B o 14.0 vs 10.0), and from
+#: ``problem.DEQUANT_GEMM_MIN_M`` rows on every weight.
+PLANES_DEQUANT_SMALL_NK = 8 * 2 ** 20
+PLANES_DEQUANT_SMALL_MIN_M = 33
 
 
 @triton.jit
@@ -174,16 +196,35 @@ _planes = TritonLauncher(_planes_kernel)
 def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM) of the planes kernel: BLOCK_M
     the power of two >= M within 16..64 (more rows run several M tiles), the rest from
-    ``PLANES_TILES``.
+    ``PLANES_TILES`` (64 rows: by the weight's size, ``PLANES_TILES_64_SMALL`` / ``_LARGE``).
 
     Example:
         >>> planes_config(LinearProblem(torch.bfloat16, 5, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
         (16, 64, 4, 4, 4)
-        >>> planes_config(LinearProblem(torch.bfloat16, 40, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        >>> planes_config(LinearProblem(torch.bfloat16, 40, 6144, 4096, 4, 128, False, False, "cuda", "planes"))
         (64, 128, 8, 3, 2)
+        >>> planes_config(LinearProblem(torch.bfloat16, 64, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
+        (64, 256, 8, 3, 1)
     """
     block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
+    if block_m == 64 and p.n * p.k <= PLANES_TILES_64_SMALL_MAX_NK:
+        return (block_m,) + PLANES_TILES_64_SMALL
+    if block_m == 64 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
+        return (block_m,) + PLANES_TILES_64_LARGE
     return (block_m,) + PLANES_TILES[block_m]
+
+
+def planes_gemv(p: LinearProblem) -> bool:
+    """Whether the GEMV kernel runs a planes-layout problem (``PLANES_GEMV_MAX_M`` rows, N under
+    ``PLANES_MMA_MIN_N``; groups of at least one 128-code chunk, so a GEMV tile covers whole groups
+    in either layout)."""
+    return p.m <= PLANES_GEMV_MAX_M and p.n < PLANES_MMA_MIN_N and (p.group >= 128 or p.group >= p.k)
+
+
+def planes_dequant(p: LinearProblem) -> bool:
+    """Whether dequant+cuBLAS runs a planes-layout problem: ``p.large``, or small weights from
+    ``PLANES_DEQUANT_SMALL_MIN_M`` rows (``PLANES_DEQUANT_SMALL_NK``)."""
+    return p.large or (p.m >= PLANES_DEQUANT_SMALL_MIN_M and p.n * p.k <= PLANES_DEQUANT_SMALL_NK)
 
 
 def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: Optional[int] = None,
@@ -225,8 +266,8 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
 
 def supports_planes(p: LinearProblem) -> Optional[str]:
     """None for a planes-layout weight (``weight.repack``) with float16/bfloat16 x, except where
-    the GEMV kernel reads it (M <= ``config.GEMV_ROWS``, groups of >= 128) or dequant+cuBLAS does
-    (M >= ``problem.DEQUANT_GEMM_MIN_M``), else why not.
+    the GEMV kernel reads it (``planes_gemv``) or dequant+cuBLAS does (``planes_dequant``), else
+    why not.
 
     Example:
         >>> supports_planes(LinearProblem(torch.bfloat16, 16, 64, 256, 4, 128, False, False, "cuda"))
@@ -237,8 +278,9 @@ def supports_planes(p: LinearProblem) -> Optional[str]:
     if p.dtype not in (torch.float16, torch.bfloat16):
         return (f"x is {str(p.dtype).replace('torch.', '')}; the planes kernel takes float16 or bfloat16 "
                 "(float32 and float64 run on the torch path)")
-    if p.m <= GEMV_ROWS and (p.group >= 128 or p.group >= p.k):
-        return f"M={p.m} <= {GEMV_ROWS} with groups of >= 128: the decode variant's GEMV reads the planes layout"
-    if p.large:
-        return f"M={p.m} rows: dequant+cuBLAS (its dequantize kernel reads the planes layout)"
+    if planes_gemv(p):
+        return (f"M={p.m} <= {PLANES_GEMV_MAX_M}, N={p.n} < {PLANES_MMA_MIN_N}, groups of >= 128: the decode "
+                "variant's GEMV reads the planes layout")
+    if planes_dequant(p):
+        return f"M={p.m} rows on N*K={p.n * p.k}: dequant+cuBLAS (its dequantize kernel reads the planes layout)"
     return None

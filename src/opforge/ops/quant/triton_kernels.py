@@ -20,10 +20,11 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   K and the group. Programs that share an N tile are adjacent in the grid, so a weight tile is
   read from DRAM about once.
 
-* ``planes`` (int4 weights repacked by ``weight.repack``, M 5..255, and M <= 4 with groups
-  under 128; off unless a weight is repacked): ``planes._planes_kernel``, see there. The GEMV
-  and dequantize kernels read the planes layout too (``PLANES``), so a repacked weight keeps
-  the decode variant at M <= 4 and dequant+cuBLAS from 256 rows.
+* ``planes`` (int4 weights repacked by ``weight.repack``, as the model loader does on CUDA;
+  M 2..255, and one row on output heads or with groups under 128): ``planes._planes_kernel``,
+  see there. The GEMV and dequantize kernels read the planes layout too (``PLANES``), so a
+  repacked weight keeps the decode variant at one row and dequant+cuBLAS from 256 rows (small
+  weights from 33).
 
 * ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``; also int4 at M 17..64 with
   N*K <= ``problem.DEQUANT_SMALL_NK``, and int4 from M 65 except wide, short weights up to 128
@@ -69,10 +70,10 @@ from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import problem as qproblem
-from .config import GEMV_MAX_M, GEMV_ROWS, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
+from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
-from .planes import launch_planes, supports_planes
+from .planes import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_N, launch_planes, planes_dequant, planes_gemv, supports_planes
 from .problem import LinearCall, LinearProblem
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -226,15 +227,26 @@ def _gemv_row(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, N, k_words,
         packed = tl.load(words_ptr + row_off + wj[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0)
         hi = packed >> 16
         t = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-        xs = tl.zeros((WORDS,), dtype=tl.float32)
+        if PLANES:
+            # The step's x in one load (its 128-code chunks are contiguous), for the per-word sums:
+            # it brings every sector of the step's x into L1 at once, as the first code's load does in
+            # the rows layout (code i of a rows word shares its sectors with codes 0..7; in the planes
+            # layout each code's x sits in sectors of its own).
+            ks = w0 * PACK + tl.arange(0, BLOCK_K)
+            seg = tl.load(x_ptr + ks, mask=ks < k_words * PACK, other=0.0)
+        else:
+            xs = tl.zeros((WORDS,), dtype=tl.float32)
         for i in tl.static_range(PACK):
             xi = tl.load(x_ptr + _code_columns(wj, i, PACK, PLANES), mask=j_mask, other=0.0).to(tl.float32)
-            xs += xi
+            if not PLANES:
+                xs += xi
             if i < HALF:
                 ci = _unpack(packed, i, BITS, LOP3)
             else:
                 ci = _unpack(hi, i, BITS, LOP3)
             t += ci * xi[None, :]
+        if PLANES:   # reduced after the codes' loads, which the segment's load (in flight) serves
+            xs = tl.reshape(tl.sum(tl.reshape(seg.to(tl.float32), (WORDS // 16, 8, 16)), axis=1), (WORDS,))
         if SCALE_PER_WORD:   # several groups in the tile: each word's own group
             sg_off = ((wj * PACK) // GROUP)[None, :] * N + rows[:, None]
             sg_mask = n_mask[:, None] & j_mask[None, :]
@@ -374,23 +386,25 @@ def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, k_words, stride_w, BITS:
 def _dequant_planes(w_ptr, s_ptr, z_ptr, out_ptr, rows, n_mask, N, K, stride_w, GROUP: tl.constexpr,
                     PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr):
     """The dequantize kernel's program for one 128-code chunk of the planes layout (program_id 1):
-    a (BLOCK_N, 16) word tile, nibble ``i`` of it stored as columns 16i .. 16i+15, each plane with
-    its own group's scale and zero (any group >= 16)."""
+    a (BLOCK_N, 16) word tile becomes (BLOCK_N, 8 planes, 16) codes, plane ``i`` with its own
+    group's scale and zero (any group >= 16), which in that order are the chunk's 128 columns
+    (16i + c): one (BLOCK_N, 128) store, as the rows layout's program writes."""
     q = tl.program_id(1)
     c16 = tl.arange(0, 16)
-    words = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + (q * 16 + c16)[None, :], mask=n_mask[:, None],
-                    other=0)
-    for i in tl.static_range(8):
-        k0 = q * 128 + 16 * i
-        g = 0 if PER_ROW else k0 // GROUP
-        s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
-        if SYMMETRIC:
-            z = tl.full((BLOCK_N,), 8.0, tl.float32)
-        else:
-            z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
-        w = (_codes_as_float((words >> (4 * i)) & 0xF, 0) - z[:, None]) * s[:, None]
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + (k0 + c16)[None, :], w.to(out_ptr.dtype.element_ty),
-                 mask=n_mask[:, None])
+    planes = tl.arange(0, 8)
+    rows64 = rows.to(tl.int64)[:, None]
+    words = tl.load(w_ptr + rows64 * stride_w + (q * 16 + c16)[None, :], mask=n_mask[:, None], other=0)
+    codes = (words[:, None, :] >> (4 * planes)[None, :, None]) & 0xF
+    g = planes * 0 if PER_ROW else (q * 128 + 16 * planes) // GROUP
+    sg_off = g[None, :] * N + rows[:, None]
+    s = tl.load(s_ptr + sg_off, mask=n_mask[:, None], other=0.0).to(tl.float32)
+    if SYMMETRIC:
+        z = tl.full((BLOCK_N, 8), 8.0, tl.float32)
+    else:
+        z = tl.load(z_ptr + sg_off, mask=n_mask[:, None], other=0.0).to(tl.float32)
+    w = tl.reshape((_codes_as_float(codes, 0) - z[:, :, None]) * s[:, :, None], (BLOCK_N, 128))
+    tl.store(out_ptr + rows64 * K + (q * 128 + tl.arange(0, 128))[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=n_mask[:, None])
 
 
 _qmm = TritonLauncher(_qmm_kernel)
@@ -506,21 +520,24 @@ def supports_decode(p: LinearProblem):
 
 
 def _planes_gemv_reason(p: LinearProblem):
-    """A planes-layout weight runs in the decode variant only through the GEMV kernel (M up to
-    ``config.GEMV_ROWS``, groups of at least one 128-code chunk; ``_code_columns``)."""
+    """A planes-layout weight runs in the decode variant only through the GEMV kernel
+    (``planes.planes_gemv``: one row, N under ``PLANES_MMA_MIN_N``, groups of at least one
+    128-code chunk; ``_code_columns``)."""
     reason = _dtype_reason(p)
     if reason:
         return reason
-    if p.m > GEMV_ROWS or not (p.group >= 128 or p.group >= p.k):
+    if not planes_gemv(p):
         return (f"the weight is in the planes layout: the decode variant reads it with the GEMV kernel "
-                f"(M <= {GEMV_ROWS}, groups >= 128), not at M={p.m} with group {p.group}")
+                f"(M <= {PLANES_GEMV_MAX_M}, N < {PLANES_MMA_MIN_N}, groups >= 128), not at M={p.m}, N={p.n} "
+                f"with group {p.group}")
     return None
 
 
 def supports_dequant_gemm(p: LinearProblem):
-    if p.planes:   # the dequantize kernel reads the planes layout; from DEQUANT_GEMM_MIN_M rows only
-        large = None if p.large else (f"the weight is in the planes layout: dequant+cuBLAS takes it from "
-                                      f"M={qproblem.DEQUANT_GEMM_MIN_M} rows, not M={p.m}")
+    if p.planes:   # the dequantize kernel reads the planes layout (planes.planes_dequant)
+        large = None if planes_dequant(p) else (f"the weight is in the planes layout: dequant+cuBLAS takes it from "
+                                                f"M={qproblem.DEQUANT_GEMM_MIN_M} rows (small weights from "
+                                                f"M=33), not M={p.m} with N*K={p.n * p.k}")
         return _dtype_reason(p) or large
     return _dtype_reason(p) or (None if p.dequant_gemm else _not_dequant_gemm_reason(p))
 
@@ -539,7 +556,7 @@ def supports_prefill(p: LinearProblem):
 VARIANTS = (
     ("planes", supports_planes, launch_planes,
      "int4 weights repacked into the planes layout (weight.repack): nibble i of a word tile is one "
-     "MMA K step, unpacked in the operand's registers; any M (made for 2..64); off unless repacked"),
+     "MMA K step, unpacked in the operand's registers; M 2..255 (one row on heads and small groups)"),
     ("decode", supports_decode, launch, "M <= 16: packed weights streamed once, unpacked in registers, split K"),
     ("dequant_gemm", supports_dequant_gemm, launch_dequant_gemm,
      "M >= 256, also int4 M 17..64 with N*K <= 8*2**20 and int4 from M 65 (wide short weights "

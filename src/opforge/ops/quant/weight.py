@@ -176,6 +176,9 @@ class QuantizedWeight:
         ((4, 64), torch.Size([4, 64]), True)
     """
 
+    #: the int4 layouts (``repack``)
+    LAYOUTS = LAYOUTS
+
     def __init__(self, packed: torch.Tensor, scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor],
                  bits: int, group_size: int, shape: tuple[int, int], layout: str = "rows",
                  group_words: Optional[torch.Tensor] = None):
@@ -406,9 +409,10 @@ class QuantizedWeight:
 def repack(w: QuantizedWeight, layout: str) -> QuantizedWeight:
     """The same weight with its int4 codes in ``layout`` (``LAYOUTS``); scales and zeros shared.
 
-    ``planes`` is what the Triton ``planes`` variant of ``linear`` reads (M 5..255; the GEMV
-    reads it at M <= 4 with groups of >= 128, the dequantize kernel from 256 rows, the torch path
-    always; the rows dot kernel and Metal do not). Off unless a weight is repacked. It needs int4,
+    ``planes`` is what the Triton ``planes`` variant of ``linear`` reads (M 2..255; the GEMV
+    reads it at one row with groups of >= 128, the dequantize kernel from 256 rows and on small
+    weights from 33, the torch path always; the rows dot kernel and Metal do not); the model
+    loader repacks int4 weights on CUDA (``preferred_layout``). It needs int4,
     K a multiple of ``PLANE_CHUNK``, integer zeros in [0, 16) (the kernel subtracts the zero from
     the code in x's 16-bit dtype, exactly; ``quantize_weight``'s zeros are integers) and float16
     or bfloat16 scales (``quantize_weight``'s, unless out of float16's range): each group's scale
@@ -427,18 +431,46 @@ def repack(w: QuantizedWeight, layout: str) -> QuantizedWeight:
     layout = _check_layout(layout, w.bits, w.shape[1])
     if layout == w.layout:
         return w
-    if layout == "planes" and w.scales_t.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"the planes layout needs float16 or bfloat16 scales (their float32 form leaves 4 bits "
-                         f"for the zero), got {w.scales_t.dtype}")
-    if layout == "planes" and w.zeros_t is not None:
+    misfit = _planes_misfit(w) if layout == "planes" else None
+    if misfit:
+        raise ValueError(misfit)
+    codes = w.codes()
+    packed = pack_planes(codes) if layout == "planes" else pack_codes(codes, w.bits)
+    return QuantizedWeight(packed, w.scales_t, w.zeros_t, w.bits, w.group_size, w.shape, layout)
+
+
+def _planes_misfit(w: QuantizedWeight) -> Optional[str]:
+    """Why ``w`` cannot take the planes layout (``repack``), or None."""
+    if w.bits != 4 or w.shape[1] % PLANE_CHUNK:
+        return (f"the planes layout takes int4 weights with K a multiple of {PLANE_CHUNK}, "
+                f"got int{w.bits} with K={w.shape[1]}")
+    if w.scales_t.dtype not in (torch.float16, torch.bfloat16):
+        return (f"the planes layout needs float16 or bfloat16 scales (their float32 form leaves 4 bits "
+                f"for the zero), got {w.scales_t.dtype}")
+    if w.zeros_t is not None:
         z = w.zeros_t
         bad = (z != z.round()) | (z < 0) | (z >= 16)
         if bool(bad.any()):
             g, n = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"the planes layout needs integer zeros in [0, 16); zeros[{n}, {g}] is {z[g, n].item()}")
-    codes = w.codes()
-    packed = pack_planes(codes) if layout == "planes" else pack_codes(codes, w.bits)
-    return QuantizedWeight(packed, w.scales_t, w.zeros_t, w.bits, w.group_size, w.shape, layout)
+            return f"the planes layout needs integer zeros in [0, 16); zeros[{n}, {g}] is {z[g, n].item()}"
+    return None
+
+
+def preferred_layout(w: QuantizedWeight, device: "torch.device | str") -> str:
+    """The layout ``linear`` runs ``w`` fastest in on ``device``: ``"planes"`` for an int4 weight
+    on CUDA that fits it (``repack``'s conditions) with groups of at least 128 (or one per row),
+    the groups the H100 measurements cover; else ``"rows"`` (Metal and the CPU read rows).
+
+    Example:
+        >>> qw = quantize_weight(torch.randn(8, 256), bits=4, group_size=128)
+        >>> preferred_layout(qw, "cuda"), preferred_layout(qw, "cpu")
+        ('planes', 'rows')
+    """
+    if torch.device(device).type != "cuda" or w.bits != 4:
+        return "rows"
+    if not (w.group_size == -1 or w.group >= PLANE_CHUNK):
+        return "rows"
+    return "rows" if _planes_misfit(w) else "planes"
 
 
 def _check_group_tensor(name: str, t: object, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
