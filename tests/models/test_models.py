@@ -174,6 +174,25 @@ def test_quantized_models_run_close_to_dense():
         assert rel_error(quantized.forward(ids), _dequantized_twin(quantized).forward(ids)) < 1e-5
 
 
+
+def test_int4_layout_is_the_devices_unless_named_and_holds_the_same_weights():
+    """int4 weights take ``opforge.preferred_layout`` (rows on the CPU) unless ``int4_layout``
+    names one; planes and rows hold the same codes, so the model computes the same logits."""
+    config = dict(TINY_LLAMA, hidden_size=128, intermediate_size=256, head_dim=32)
+    kwargs = dict(quantize="int4", max_seq_len=32, group_size=128, quantize_head=True)
+    rows = tiny_decoder(config, **kwargs)
+    planes = tiny_decoder(config, int4_layout="planes", **kwargs)
+    assert {w.layout for w in (rows.layers[0].qkv, rows.layers[1].down, rows.lm_head)} == {"rows"}
+    assert {w.layout for w in (planes.layers[0].qkv, planes.layers[1].down, planes.lm_head)} == {"planes"}
+    for a, b in zip(rows.layers, planes.layers):
+        assert torch.equal(a.gate_up.dequantize(), b.gate_up.dequantize())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert rel_error(planes.forward(ids), rows.forward(ids)) < 1e-6
+    with pytest.raises(ValueError, match="int4_layout must be None or one of"):
+        tiny_decoder(config, int4_layout="tiles", **kwargs)
+    with pytest.raises(ValueError, match="K a multiple of 128"):      # K=32 cannot take the planes layout
+        tiny_decoder(quantize="int4", max_seq_len=32, group_size=32, int4_layout="planes")
+
 def _dequantized_twin(model):
     """A dense float32 model whose projections are ``model``'s quantized weights, dequantized."""
     twin = tiny_decoder(max_seq_len=32)

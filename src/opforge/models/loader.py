@@ -34,7 +34,8 @@ def default_quantize(path: Union[str, os.PathLike], device: Union[str, torch.dev
 
 def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
          dtype: Optional[torch.dtype] = None, quantize: Optional[str] = None, max_seq_len: int = 4096,
-         max_batch: int = 1, group_size: int = 128, quantize_head: bool = False) -> Decoder:
+         max_batch: int = 1, group_size: int = 128, quantize_head: bool = False,
+         int4_layout: Optional[str] = None) -> Decoder:
     """Load a Llama/Mistral/Qwen2/Qwen3 checkpoint: a Hugging Face directory (``config.json`` +
     ``*.safetensors``) or a GGUF file (llama.cpp's; architectures llama, mistral, qwen2, qwen3).
 
@@ -75,6 +76,8 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     path = os.fspath(path)
     if quantize is not None and quantize not in _QUANTIZE:
         raise ValueError(f"quantize must be None, 'dense', 'int8' or 'int4', got {quantize!r}")
+    if int4_layout is not None and int4_layout not in opforge.QuantizedWeight.LAYOUTS:
+        raise ValueError(f"int4_layout must be None or one of {opforge.QuantizedWeight.LAYOUTS}, got {int4_layout!r}")
     checkpoint = open_checkpoint(path) if is_gguf(path) else None
     if checkpoint is not None:
         config = parse_config(checkpoint.config)
@@ -106,9 +109,14 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     def dense(w: Any) -> torch.Tensor:
         return w.dequantize(dtype) if isinstance(w, opforge.QuantizedWeight) else w
 
+    def laid_out(w: Any) -> Any:
+        if not isinstance(w, opforge.QuantizedWeight) or w.bits != 4:
+            return w
+        return opforge.repack(w, int4_layout or opforge.preferred_layout(w, device))
+
     def project(w: Any, name: str) -> Any:
         if quantize is None:
-            return w
+            return laid_out(w)
         if quantize == "dense":
             return dense(w)
         if w.shape[1] % group_size:         # opforge never pads K; such a weight stays dense
@@ -116,7 +124,7 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
             return dense(w)
         if isinstance(w, opforge.QuantizedWeight):    # requantized from its float32 values
             w = w.dequantize(torch.float32)
-        return opforge.quantize_weight(w, _QUANTIZE[quantize], group_size)
+        return laid_out(opforge.quantize_weight(w, _QUANTIZE[quantize], group_size))
 
     layers = []
     for i in range(config.num_layers):
@@ -140,7 +148,7 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     head = take("lm_head.weight", required=not config.tie_word_embeddings)
     stored_head = stored_embed if head is None else head
     if quantize is None:                           # as stored: a GGUF file's head may be quantized
-        lm_head = stored_head
+        lm_head = laid_out(stored_head)
     elif quantize_head and quantize != "dense":
         lm_head = project(stored_head, "lm_head")
     else:

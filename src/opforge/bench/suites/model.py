@@ -56,7 +56,9 @@ SHAPES = ("tiny", "1b", "8b", "smollm2")
 
 #: "int8"/"int4" quantize the decoder's linear layers and keep the output head dense (the default
 #: of ``opforge.models.load``); "int8-head"/"int4-head" quantize the head too (``quantize_head``).
-PRECISIONS = ("bf16", "int8", "int4", "int8-head", "int4-head")
+#: int4 weights take the device's layout (``opforge.preferred_layout``); "int4-rows" and
+#: "int4-rows-head" keep the rows layout, the layout's peer on CUDA.
+PRECISIONS = ("bf16", "int8", "int4", "int8-head", "int4-head", "int4-rows", "int4-rows-head")
 #: What runs without ``--dtypes``.
 DEFAULT_PRECISIONS = ("bf16", "int8", "int4")
 
@@ -78,10 +80,10 @@ def _ours(path: str, precision: str, device: torch.device, g: Grid, shape: str, 
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    bits = precision.removesuffix("-head")
+    bits, _, layout = precision.removesuffix("-head").partition("-")
     model = load(path, device=device, dtype=torch.bfloat16, quantize=None if bits == "bf16" else bits,
                  quantize_head=precision.endswith("-head"), max_seq_len=g.max_seq_len, max_batch=g.max_batch,
-                 group_size=32 if shape == "tiny" else 128)
+                 group_size=32 if shape == "tiny" else 128, int4_layout=layout or None)
     weight_bytes = model.weight_bytes()
     head = model.lm_head.numel() * model.lm_head.element_size() if isinstance(model.lm_head, torch.Tensor) else 0
     kv_token = model.kv_bytes_per_token()
