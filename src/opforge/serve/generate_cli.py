@@ -137,7 +137,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"quantize=.* stay dense")   # said above, with advice
             # one stream decodes one row per step: int4 codes in the rows layout, which the GEMV
-            # reads fastest (the planes layout, the batched-decode default on CUDA: 0.79-0.98x at one row)
+            # reads fastest (the planes layout, the batched-decode default on CUDA, decodes the 1B
+            # model at batch 1 at 0.91x: benchmarks/results/h100/2026-11-27-049b1c1)
             model = load(args.model_dir, device=args.device, quantize=quantize, group_size=args.group_size,
                          quantize_head=args.quantize_head, int4_layout="rows",
                          max_seq_len=min(args.max_seq_len, len(ids) + args.max_new_tokens + 1))
