@@ -127,10 +127,17 @@ def unpack_planes(packed: torch.Tensor) -> torch.Tensor:
 def _check_layout(layout: object, bits: int, k: int) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "planes" and (bits != 4 or k % PLANE_CHUNK):
-        raise ValueError(f"the planes layout takes int4 weights with K a multiple of {PLANE_CHUNK}, "
-                         f"got int{bits} with K={k}")
+    misfit = _planes_shape_misfit(bits, k) if layout == "planes" else None
+    if misfit:
+        raise ValueError(misfit)
     return str(layout)
+
+
+def _planes_shape_misfit(bits: int, k: int) -> Optional[str]:
+    """Why int``bits`` codes with ``k`` columns cannot take the planes layout, or None."""
+    if bits != 4 or k % PLANE_CHUNK:
+        return f"the planes layout takes int4 weights with K a multiple of {PLANE_CHUNK}, got int{bits} with K={k}"
+    return None
 
 
 def _group_words(scales_t: torch.Tensor, zeros_t: Optional[torch.Tensor], bits: int) -> torch.Tensor:
@@ -441,9 +448,9 @@ def repack(w: QuantizedWeight, layout: str) -> QuantizedWeight:
 
 def _planes_misfit(w: QuantizedWeight) -> Optional[str]:
     """Why ``w`` cannot take the planes layout (``repack``), or None."""
-    if w.bits != 4 or w.shape[1] % PLANE_CHUNK:
-        return (f"the planes layout takes int4 weights with K a multiple of {PLANE_CHUNK}, "
-                f"got int{w.bits} with K={w.shape[1]}")
+    shape = _planes_shape_misfit(w.bits, w.shape[1])
+    if shape:
+        return shape
     if w.scales_t.dtype not in (torch.float16, torch.bfloat16):
         return (f"the planes layout needs float16 or bfloat16 scales (their float32 form leaves 4 bits "
                 f"for the zero), got {w.scales_t.dtype}")
