@@ -118,6 +118,9 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+_BLOCK_SIZE = 16     # KV-cache block of generate's engines
+
+
 @dataclass
 class _HeldEngine:
     """The engine ``generate`` keeps on a model, and whether it was asked for CUDA graphs (on a
@@ -151,8 +154,6 @@ def _engine_for(model: Any, batch: int, blocks: int, prompt_tokens: int, graphs:
     model.client_state = _HeldEngine(engine, graphs)
     return engine, False
 
-
-_BLOCK_SIZE = 16
 
 
 def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
