@@ -11,7 +11,8 @@ Storage (what the kernels read; ``from_codes``/``dequantize`` hide it):
   tile is one tensor-core K step (``opforge.ops.quant.planes``, the ``planes`` variant, 2..255 rows;
   the GEMV reads it at one row, dequant+cuBLAS from 256 rows and on small weights from 33). Scale
   and zero then also travel as one int32 per group and row (``group_words``, derived). H100
-  (``quant_batch`` suite): 1.1-2.9x the rows layout at 2-128 rows, 0.79-0.98x at one row.
+  (``quant_batch`` suite): 0.90-2.90x the rows layout at 2-128 rows (one shape slower, at 2 rows),
+  0.89-1.06x at one row (the 1B decoder at batch 1: 0.91x).
 * int8: ``packed`` uint8 (N, K), row-major.
 * ``scales_t`` and ``zeros_t`` (K/group, N): transposed, so the scales of the BLOCK_N rows a
   program works on are one contiguous load. float16 from ``quantize_weight`` (see there);
