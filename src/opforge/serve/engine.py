@@ -358,7 +358,8 @@ class Engine:
                                                torch.tensor(flat, dtype=torch.int32).view(len(chunks), width).to(dev),
                                                torch.tensor(starts, **i32), torch.tensor(cu, **i32), max(
                                                    c.count for c in chunks),
-                                               torch.tensor(rows, dtype=torch.long, device=dev))
+                                               torch.tensor(rows, dtype=torch.long, device=dev),
+                                               float_logits=False)
                 greedy = argmax_rows(logits) if greedy_ok and sampled else None
             launched = _Launched(chunks, sampled, logits, greedy if greedy_ok else None, decode_only)
             if launched.greedy is not None:

@@ -7,6 +7,9 @@ scratch block (block 0, never in a sequence's table) at position 0, so they touc
 The step's inputs live in static buffers that each step refills (one pinned buffer, copied in one
 piece or two); the block tables stay on the device and get only their new entries.
 The graph also takes the greedy token of every row (used when the whole batch decodes greedily).
+Logits stay in the model's dtype: the argmax of bf16 logits is the argmax of their exact float32
+copies, and sampling converts the rows it draws from (``sampling.sample_rows``); the float32
+copy of a (B, 128256) row block and an argmax over twice the bytes cost every step otherwise.
 
 Example:
     >>> padded_sizes(48)
@@ -67,7 +70,7 @@ class DecodeGraphs:
 
     def run(self, tokens: Union[Sequence[int], torch.Tensor], tables: Sequence[list[int]],
             starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, V) float32 and greedy tokens (B,) of one decode step: ``tokens[b]`` (host
+        """Logits (B, V) in the model's dtype and greedy tokens (B,) of one decode step: ``tokens[b]`` (host
         ints, or a device tensor) at position ``starts[b]`` of the sequence whose blocks are
         ``tables[b]`` (the ``BlockManager``'s own list: its identity names the slot). The outputs
         are the graph's own buffers: the next replay overwrites them."""
@@ -113,7 +116,7 @@ class DecodeGraphs:
     def _step(self, n: int) -> torch.Tensor:
         tables = self.slot_tables.tables.index_select(0, self.slots[:n])
         return self.model.paged_step(self.tokens[:n], self.cache, tables, self.seqlens_long[:n].int(),
-                                     self.cu_seqlens[:n + 1], 1, self.rows[:n])
+                                     self.cu_seqlens[:n + 1], 1, self.rows[:n], float_logits=False)
 
     def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         torch.cuda.synchronize(self.model.device)     # (capture_s times the capture alone)

@@ -67,8 +67,8 @@ class MixedGraphs:
         self._turn = 0
         self._graphs: dict[tuple[int, int], Any] = {}
         # every graph writes its outputs here (a graph's own outputs would stay allocated, one set
-        # per size: ~2 GB of float32 logits for the 1B shape's 63 sizes)
-        self.logits = torch.empty((n, model.config.vocab_size), dtype=torch.float32, device=dev)
+        # per size: ~1 GB of bf16 logits for the 1B shape's 63 sizes)
+        self.logits = torch.empty((n, model.config.vocab_size), dtype=model.dtype, device=dev)
         self.greedy = torch.empty(n, dtype=torch.long, device=dev)
         self._pool = pool if pool is not None or not self.capture else torch.cuda.graph_pool_handle()
 
@@ -88,7 +88,7 @@ class MixedGraphs:
 
     def run(self, ids: Sequence[int], tables: Sequence[list[int]], starts: Sequence[int], cu: Sequence[int],
             rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (R, V) float32 and greedy tokens (R,) of one step: sequence ``b`` (blocks
+        """Logits (R, V) in the model's dtype and greedy tokens (R,) of one step: sequence ``b`` (blocks
         ``tables[b]``, the ``BlockManager``'s own list) gets ``ids[cu[b]:cu[b + 1]]`` at positions
         from ``starts[b]``; ``rows`` are the R packed rows that sample. The outputs are the graph's
         own buffers: the next replay overwrites them."""
@@ -141,7 +141,7 @@ class MixedGraphs:
     def _step(self, n: int, t: int) -> torch.Tensor:
         tables = self.slot_tables.tables.index_select(0, self.slots[:n])
         return self.model.paged_step(self.tokens[:t], self.cache, tables, self.starts[:n].int(),
-                                     self.cu[:n + 1].int(), t, self.rows[:n])
+                                     self.cu[:n + 1].int(), t, self.rows[:n], float_logits=False)
 
     def _capture(self, n: int, t: int) -> Any:
         def step() -> None:

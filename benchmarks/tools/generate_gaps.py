@@ -1,0 +1,95 @@
+"""Where ``generate``'s time per token goes beyond the decode step's: the 1B model (random
+weights, bf16 and int4 with the head quantized), one prompt of 512 tokens, 64 new tokens, under
+``torch.profiler``. Reports wall time per token, the GPU's busy time per token (the union of
+kernel intervals: programmatic dependent launch overlaps kernels) and its idle gaps, and the
+kernels' summed time per token by name.
+
+    PYTHONPATH=src python benchmarks/tools/generate_gaps.py    # JSON in $OUT/generate_gaps.json
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from opforge.models import load
+from opforge.models.testing import LLAMA_1B, write_random_checkpoint
+from opforge.serve import generate, last_stats
+
+CONTEXT, NEW = 512, 64
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def main() -> int:
+    directory = tempfile.mkdtemp(prefix="opforge-gaps-")
+    write_random_checkpoint(LLAMA_1B, directory, "cuda")
+    result = {"device": torch.cuda.get_device_name(), "rows": []}
+    for precision, quantize in (("bf16", None), ("int4-head", "int4")):
+        model = load(directory, device="cuda", dtype=torch.bfloat16, quantize=quantize, quantize_head=bool(quantize),
+                     max_seq_len=1024, max_batch=1)
+        prompt = torch.randint(0, model.config.vocab_size, (1, CONTEXT))
+        generate(model, prompt, NEW)
+        rates = []
+        for _ in range(3):
+            generate(model, prompt, NEW)
+            rates.append(last_stats(model).decode_tokens_per_s)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            generate(model, prompt, NEW)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels.sort(key=lambda e: e.time_range.start)
+        # the decode window: from the last kernel of the prefill's longest gap on; simpler: the last NEW-1 steps
+        # are the final 80% of the timeline
+        start = kernels[0].time_range.start
+        end = max(e.time_range.end for e in kernels)
+        cut = start + 0.2 * (end - start)
+        window = [e for e in kernels if e.time_range.start >= cut]
+        span = max(e.time_range.end for e in window) - window[0].time_range.start
+        busy = union_us([(e.time_range.start, e.time_range.end) for e in window])
+        gaps = []
+        last_end = window[0].time_range.end
+        for e in window[1:]:
+            if e.time_range.start - last_end > 3.0:
+                gaps.append((round(e.time_range.start - last_end, 1), e.name[:60]))
+            last_end = max(last_end, e.time_range.end)
+        steps = sum(1 for e in window if "argmax" in e.name or "Argmax" in e.name) or None
+        per_name = defaultdict(float)
+        for e in window:
+            per_name[e.name[:70]] += e.time_range.end - e.time_range.start
+        tokens_in_window = span / (1e6 / sorted(rates)[1])
+        row = {"precision": precision, "decode_tokens_per_s": sorted(rates)[1], "profiled_wall_s": wall,
+               "window_us": span, "busy_fraction": busy / span, "tokens_in_window": tokens_in_window,
+               "gaps_over_3us": len(gaps), "gap_us_total": sum(g[0] for g in gaps), "largest_gaps": sorted(gaps)[-8:],
+               "argmax_kernels": steps,
+               "kernels_us_per_token": {k: round(v / tokens_in_window, 2) for k, v in
+                                        sorted(per_name.items(), key=lambda kv: -kv[1])[:25]}}
+        print(json.dumps(row, indent=1), flush=True)
+        result["rows"].append(row)
+        del model
+        torch.cuda.empty_cache()
+    path = os.path.join(os.environ.get("OUT", "."), "generate_gaps.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
