@@ -89,13 +89,27 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
 
+#: ``argmax_rows``' first stage aims at about this many chunk maxima in all (rows x chunks per row).
+#: H100 (``results/h100/2026-11-27-8eaf320/argmax_probe.json``, 128256-wide bf16 rows, GPU time):
+#: chunks of 256 at 1 and 8 rows (11.1 / 12.5 us against 15.8 / 16.9 with chunks of 2004), of
+#: 1002 at 32 rows (15.1 against 17.2; 256 there: 19.9).
+ARGMAX_STAGE_OUTPUTS = 4096
+
+
 @functools.lru_cache(maxsize=None)
-def _argmax_chunk(v: int) -> Optional[int]:
-    """The largest divisor of ``v`` in 256..2048 (a chunk of ``argmax_rows``' first stage), or None."""
-    for chunk in range(2048, 255, -1):
-        if v % chunk == 0 and v // chunk >= 8:
-            return chunk
-    return None
+def _argmax_chunk(v: int, rows: int = 1) -> Optional[int]:
+    """The chunk of ``argmax_rows``' first stage for ``rows`` rows of ``v`` logits: the smallest
+    divisor of ``v`` in 256..2048 that leaves at most ``ARGMAX_STAGE_OUTPUTS`` chunk maxima in
+    all (else the largest such divisor), at least 8 chunks per row; None if there is none.
+
+    Example:
+        >>> _argmax_chunk(128256), _argmax_chunk(128256, 32), _argmax_chunk(5000)
+        (256, 1002, 500)
+    """
+    divisors = [c for c in range(256, 2049) if v % c == 0 and v // c >= 8]
+    if not divisors:
+        return None
+    return next((c for c in divisors if rows * (v // c) <= ARGMAX_STAGE_OUTPUTS), divisors[-1])
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -111,7 +125,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
         True
     """
     b, v = logits.shape
-    chunk = _argmax_chunk(v)
+    chunk = _argmax_chunk(v, b)
     if chunk is None:
         return logits.argmax(-1)
     best, where = logits.view(b, v // chunk, chunk).max(-1)        # first maximum of each chunk
