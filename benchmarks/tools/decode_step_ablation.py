@@ -26,8 +26,8 @@ NON_GEMV = ("norms", "swiglu", "rotary_append", "attention")
 
 
 def _patches(kind: str, zeros: dict) -> dict:
-    def no_linear(x, w, bias=None, **fused):
-        shape = (*x.shape[:-1], w.shape[0])
+    def no_linear(x, w, bias=None, activation=None):
+        shape = (*x.shape[:-1], w.shape[0] // (2 if activation else 1))
         if shape not in zeros:            # filled by the warm-up run, before the capture
             zeros[shape] = torch.zeros(shape, dtype=x.dtype, device=x.device)
         return zeros[shape]

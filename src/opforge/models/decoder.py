@@ -122,9 +122,8 @@ class Decoder:
         return q, k, v
 
     def _mlp(self, layer: Layer, y: torch.Tensor) -> torch.Tensor:
-        h = opforge.linear(y, layer.gate_up)
-        f = h.shape[-1] // 2
-        return opforge.linear(opforge.swiglu(h[..., :f], h[..., f:]), layer.down)
+        # SwiGLU in the gate|up projection's call: one launch at one row of x (the GEMV applies it)
+        return opforge.linear(opforge.linear(y, layer.gate_up, activation="swiglu"), layer.down)
 
     def _out(self, layer: Layer, attn: torch.Tensor) -> torch.Tensor:
         b, _, s, _ = attn.shape

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from ...runtime import alloc, dispatch, policy, trace
 from ...runtime.compile_support import compiled
 from ...runtime.errors import FLOAT_DTYPES
-from . import fakes, reference
+from . import epilogue, fakes, reference
 from .problem import OPS, LinearCall, prepare
 from .weight import QuantizedWeight, preferred_layout, quantize_weight, repack
 
@@ -65,7 +65,7 @@ except ImportError:
 
 
 def _torch_launch(call: LinearCall) -> torch.Tensor:
-    return reference.run(call.x, call.w, call.bias).view(call.out_shape)
+    return reference.run(call.x, call.w, call.bias, call.problem.swiglu).view(call.out_shape)
 
 
 def _register() -> None:
@@ -74,8 +74,8 @@ def _register() -> None:
 
 
 def _problem_builder(op: str):
-    def build(x, w, bias=None):
-        return prepare(x, w, bias).problem
+    def build(x, w, bias=None, activation=None):
+        return prepare(x, w, bias, activation).problem
 
     return build
 
@@ -99,16 +99,19 @@ def _cpu_dense(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -
 
 
 def _dense(call: LinearCall) -> torch.Tensor:
-    return F.linear(call.x, call.w, call.bias).view(call.out_shape)
+    out = F.linear(call.x, call.w, call.bias)
+    return (epilogue.swiglu_halves(out) if call.problem.swiglu else out).view(call.out_shape)
 
 
 def _dense_gemv(call: LinearCall) -> torch.Tensor:
-    return dense_gemv.dense_gemv(call.x, call.w, call.bias).view(call.out_shape)
+    return dense_gemv.dense_gemv(call.x, call.w, call.bias, swiglu=call.problem.swiglu).view(call.out_shape)
 
 
 @compiled("linear", None, route=fakes.route_linear)
-def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x @ w.T + bias`` for a quantized (or dense) weight, as ``torch.nn.functional.linear``.
+def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor] = None, *,
+           activation: Optional[str] = None) -> torch.Tensor:
+    """``x @ w.T + bias`` for a quantized (or dense) weight, as ``torch.nn.functional.linear``;
+    with ``activation="swiglu"``, a gated MLP's fused gate|up projection and its activation.
 
     Args:
         x: (..., K) float16 or bfloat16 for the kernels (float32 and float64 run on the torch
@@ -117,9 +120,15 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
             torch's ``F.linear`` runs, and the trace says ``torch``/``dense``; for one row of
             fp16/bf16 x on CUDA opforge's dense GEMV, ``triton``/``dense_gemv``).
         bias: optional (N,) tensor of x's dtype.
+        activation: None, or ``"swiglu"``: w stacks the gate rows over the up rows (N = 2F) and
+            the result is ``silu(h[..., :F]) * h[..., F:]`` of the product h, (..., F). The one-row
+            GEMVs on CUDA (dense, and the quantized ``decode`` variant's) fuse it: each program
+            takes gate and up rows of the same features and applies it to its float32 sums, so
+            h is never written (one launch less per MLP); every other kernel writes h and runs
+            ``opforge.swiglu`` on its halves (its own kernel, traced).
 
     Returns:
-        (..., N) in x's dtype; accumulation in float32. Triton variants: ``decode`` (M <= 16 rows),
+        (..., N) in x's dtype ((..., N/2) with ``activation``); accumulation in float32. Triton variants: ``decode`` (M <= 16 rows),
         ``prefill`` (more rows) and ``dequant_gemm`` (M >= 256, int4 M 17..64 with
         N*K <= 8*2**20, int4 from M 65 but wide short weights to 128 rows: the weight dequantized
         to x's dtype, then cuBLAS), see ``opforge.ops.quant.triton_kernels``.
@@ -139,12 +148,17 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
         >>> y = opforge.linear(x, qw)
         >>> torch.allclose(y, x @ qw.dequantize().T, rtol=1e-4, atol=1e-4)
         True
+        >>> h = x @ qw.dequantize().T
+        >>> z = opforge.linear(x, qw, activation="swiglu")
+        >>> z.shape, torch.allclose(z, torch.nn.functional.silu(h[:, :32]) * h[:, 32:], rtol=1e-4, atol=1e-4)
+        (torch.Size([3, 32]), True)
     """
-    if not trace._active and type(w) is _Tensor and type(x) is _Tensor and w.device.type == "cpu":
+    if not trace._active and type(w) is _Tensor and type(x) is _Tensor and w.device.type == "cpu" \
+            and activation is None:
         out = _cpu_dense(x, w, bias)
         if out is not None:
             return out
-    call = prepare(x, w, bias)
+    call = prepare(x, w, bias, activation)
     p = call.problem
     if p.dense:
         if dense_gemv is not None and policy.forced_backend() in (None, "triton") and \
@@ -158,8 +172,9 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
     if p.m == 0 or p.n == 0:
         return alloc.empty(call.out_shape, x.dtype, x.device)
     if p.k == 0:
-        out = torch.zeros(call.out_shape, dtype=x.dtype, device=x.device)
-        return out + bias if bias is not None else out
+        out = torch.zeros(call.out_shape[:-1] + (p.n,), dtype=x.dtype, device=x.device)
+        out = out + bias if bias is not None else out
+        return epilogue.swiglu_halves(out) if p.swiglu else out
     return dispatch.run("linear", call, x)
 
 

@@ -25,6 +25,7 @@ from ...runtime import alloc
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from .config import _split
+from .kernel_parts import _store_swiglu, _swiglu_rows
 from .triton_kernels import _counters, _store
 
 #: (BLOCK_N, BLOCK_K, num_warps, programs per SM) when no config is given.
@@ -37,14 +38,18 @@ STEP_BYTES = 16384
 def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_w, k_per_split,
                        n_splits, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PDL: tl.constexpr = False):
+                       PDL: tl.constexpr = False, SWIGLU: tl.constexpr = False):
     """(BLOCK_M, BLOCK_N) outputs over K range ``pid_k * k_per_split ..``; float32 products kept
-    per (row, k) lane and reduced once at the end."""
+    per (row, k) lane and reduced once at the end. SWIGLU (one row, no K split): the tile's rows
+    are gate and up rows of BLOCK_N / 2 features (``_swiglu_rows``), written as silu(gate) * up."""
     pdl.wait_for_previous(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rows < N
+    if SWIGLU:
+        rows, n_mask = _swiglu_rows(pid_n, N, BLOCK_N)
+    else:
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = rows < N
     ms = tl.arange(0, BLOCK_M)
     m_mask = ms < M
     kk = tl.arange(0, BLOCK_K)
@@ -70,8 +75,11 @@ def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, s
             x = tl.load(x_rows + ks[None, None, :], mask=m_mask[:, None, None] & k_mask[None, None, :], other=0.0)
             acc3 += w.to(tl.float32)[None, :, :] * x.to(tl.float32)
         res = tl.sum(acc3, axis=2)
-    _store(res, ms, m_mask, rows, n_mask, pid_k, pid_n, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
-           HAS_BIAS, PARTIAL, FIXUP)
+    if SWIGLU:
+        _store_swiglu(tl.reshape(res, (BLOCK_N,)), rows, n_mask, pid_n, N, b_ptr, out_ptr, HAS_BIAS, BLOCK_N)
+    else:
+        _store(res, ms, m_mask, rows, n_mask, pid_k, pid_n, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+               HAS_BIAS, PARTIAL, FIXUP)
 
 
 _dense_gemv = TritonLauncher(_dense_gemv_kernel)
@@ -101,11 +109,14 @@ def supported(x: torch.Tensor, w: torch.Tensor, m: int) -> bool:
 
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               config: Optional[tuple] = None) -> torch.Tensor:
-    """``x @ w.T + bias`` for x (M <= 16, K) with unit last stride and a row-major (N, K) weight.
+               config: Optional[tuple] = None, swiglu: bool = False) -> torch.Tensor:
+    """``x @ w.T + bias`` for x (M <= 16, K) with unit last stride and a row-major (N, K) weight;
+    with ``swiglu`` (one row of x; w stacks gate rows over up rows) ``silu(h1) * h2`` of the two
+    halves of that product, (1, N/2).
 
     ``config`` = (BLOCK_N, BLOCK_K, num_warps, programs per SM), default ``config_for``. Float32
-    accumulation; the weight may be a row slice (any row stride).
+    accumulation; the weight may be a row slice (any row stride). SwiGLU runs without a K split
+    (a program needs the whole sums of its gate and up rows).
 
     Example:
         >>> import os; interp = os.environ.get("TRITON_INTERPRET") == "1"
@@ -118,16 +129,19 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = 
     n = w.shape[0]
     if m > 16 or x.stride(-1) != 1 or w.stride(-1) != 1:
         raise ValueError("dense_gemv takes M <= 16 rows with unit last strides")
+    if swiglu and (m != 1 or n % 2):
+        raise ValueError(f"dense_gemv applies SwiGLU to one row of x and an even N, got M={m}, N={n}")
     block_n, block_k, warps, programs_per_sm = config or config_for(n, k, w.element_size())
     block_m = 1 << (m - 1).bit_length()
     tiles = cdiv(n, block_n)
-    split, k_per_split = _split(tiles, k, block_k, x.device, programs_per_sm)
-    out = alloc.empty((m, n), x.dtype, x.device)
+    split, k_per_split = (1, cdiv(k, block_k) * block_k) if swiglu else \
+        _split(tiles, k, block_k, x.device, programs_per_sm)
+    out = alloc.empty((m, n // 2 if swiglu else n), x.dtype, x.device)
     has_bias = bias is not None
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     counters = _counters(x.device, tiles) if split > 1 else ws
     _dense_gemv((tiles, split), (x, w, bias if has_bias else w, out, ws, counters, m, n, k, x.stride(0), w.stride(0),
                                  k_per_split, split, has_bias, split > 1, True, block_m, block_n, block_k,
-                                 pdl.on(x.device)),
+                                 pdl.on(x.device), swiglu),
                 num_warps=warps, num_stages=1)
     return out

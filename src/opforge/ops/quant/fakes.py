@@ -40,8 +40,17 @@ def _fake_quantized_linear(x, packed, scales_t, zeros_t, bits, group_size, n, k,
 quantized_linear_op = library_op("quantized_linear", _quantized_linear, _fake_quantized_linear)
 
 
-def route_linear(x, w, bias=None):
+def route_linear(x, w, bias=None, *, activation=None):
+    """While compiling: the product through the custom op (quantized) or ``F.linear``, then
+    SwiGLU (``activation="swiglu"``) as torch operations on its halves."""
     if isinstance(w, QuantizedWeight):
-        return quantized_linear_op(x, w.packed, w.scales_t, w.zeros_t, w.bits, w.group_size,
-                                   w.shape[0], w.shape[1], bias, w.layout)
-    return F.linear(x, w, bias)
+        out = quantized_linear_op(x, w.packed, w.scales_t, w.zeros_t, w.bits, w.group_size,
+                                  w.shape[0], w.shape[1], bias, w.layout)
+    else:
+        out = F.linear(x, w, bias)
+    if activation is None:
+        return out
+    if activation != "swiglu":
+        raise ValueError(f"activation must be None or swiglu, got {activation!r}")
+    f = out.shape[-1] // 2
+    return (F.silu(out[..., :f].float()) * out[..., f:].float()).to(out.dtype)

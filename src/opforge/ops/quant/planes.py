@@ -43,6 +43,7 @@ from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
+from . import epilogue
 from .config import MAX_SPLIT, PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
 from .problem import LinearCall, LinearProblem
@@ -261,6 +262,8 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     if split > 1 and not fixup:
         mn = p.m * p.n
         _combine((cdiv(mn, 1024),), (ws, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
+    if p.swiglu:   # only the one-row GEMV fuses it
+        out = epilogue.swiglu_halves(out)
     return out.view(call.out_shape)
 
 

@@ -59,6 +59,7 @@ class LinearProblem(ProblemRecord):
     has_bias: bool
     device_type: str
     layout: str = "rows"     # how int4 codes sit in their words (``weight.LAYOUTS``)
+    swiglu: bool = False     # the output is silu(first half) * (second half) (``activation="swiglu"``)
 
     @property
     def planes(self) -> bool:
@@ -106,8 +107,9 @@ class LinearProblem(ProblemRecord):
         w = "dense" if self.dense else f"int{self.bits} g{self.group}{' sym' if self.symmetric else ''}"
         if self.planes:
             w += " planes"
-        return (f"x {str(self.dtype).replace('torch.', '')} (M={self.m}, K={self.k}) @ w {w} (N={self.n}, K={self.k})"
-                f"{' + bias' if self.has_bias else ''} {self.device_type}")
+        out = (f"x {str(self.dtype).replace('torch.', '')} (M={self.m}, K={self.k}) @ w {w} (N={self.n}, K={self.k})"
+               f"{' + bias' if self.has_bias else ''}")
+        return f"swiglu({out}) {self.device_type}" if self.swiglu else f"{out} {self.device_type}"
 
 
 class LinearCall:
@@ -120,7 +122,12 @@ class LinearCall:
         self.problem, self.x, self.w, self.bias, self.out_shape, self.note = problem, x, w, bias, out_shape, note
 
 
-def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor]) -> LinearCall:
+#: What ``linear``'s ``activation`` accepts besides None.
+ACTIVATIONS = ("swiglu",)
+
+
+def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor],
+            activation: Optional[str] = None) -> LinearCall:
     """Check every argument (raising before anything is written) and describe the call."""
     check_float_tensor("x", x)
     if x.dim() == 0:
@@ -155,7 +162,8 @@ def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Opti
             raise TypeError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
         if bias.device != x.device:
             raise ValueError(f"bias is on {bias.device} but x is on {x.device}: all tensors must be on one device")
-    out_shape = tuple(x.shape[:-1]) + (n,)
+    swiglu = _check_activation(activation, n)
+    out_shape = tuple(x.shape[:-1]) + (n // 2 if swiglu else n,)
     note = ""
     if x.dim() > 1 and x.stride(-1) != 1 and x.numel():
         x = x.contiguous()
@@ -164,5 +172,16 @@ def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Opti
     if not note and x.numel() and x2.data_ptr() != x.data_ptr():
         note = "x copied: its leading dimensions do not flatten to one stride"
     m = x2.shape[0]
-    problem = LinearProblem(x.dtype, m, n, k, bits, group, symmetric, bias is not None, x.device.type, layout)
+    problem = LinearProblem(x.dtype, m, n, k, bits, group, symmetric, bias is not None, x.device.type, layout, swiglu)
     return LinearCall(problem, x2, w, bias, out_shape, note)
+
+
+def _check_activation(activation: Optional[str], n: int) -> bool:
+    """Whether the call ends in SwiGLU; its weight stacks gate and up rows, so N must be even."""
+    if activation is None:
+        return False
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None or one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    if n % 2:
+        raise ValueError(f"activation='swiglu' needs the gate and up rows stacked: an even N, got N={n}")
+    return True

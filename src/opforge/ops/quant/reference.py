@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from .weight import QuantizedWeight
 
 
-def run(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``x @ dequantize(w).T + bias`` in float32 (float64 for float64 x), cast to x's dtype.
+def run(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional[torch.Tensor],
+        swiglu: bool = False) -> torch.Tensor:
+    """``x @ dequantize(w).T + bias`` in float32 (float64 for float64 x), cast to x's dtype; with
+    ``swiglu`` the product's halves h1, h2 become ``silu(h1) * h2`` before the one cast.
 
     Example:
         >>> from opforge.ops.quant.weight import quantize_weight
@@ -22,4 +24,8 @@ def run(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optional
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     weight = w.dequantize(compute) if isinstance(w, QuantizedWeight) else w.to(compute)
     b = None if bias is None else bias.to(compute)
-    return F.linear(x.to(compute), weight, b).to(x.dtype)
+    out = F.linear(x.to(compute), weight, b)
+    if swiglu:
+        f = out.shape[-1] // 2
+        out = F.silu(out[..., :f]) * out[..., f:]
+    return out.to(x.dtype)

@@ -1,0 +1,23 @@
+"""SwiGLU after a ``linear`` (``activation="swiglu"``) where the kernel that runs does not fuse it.
+
+The one-row GEMVs (``dense_gemv`` and the quantized GEMV kernel at one row) apply it to their
+float32 sums; every other variant writes the full (M, 2F) product and calls ``swiglu_halves``,
+which runs the activation family's public op (its own kernel on CUDA and Metal, traced as such).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..activation import swiglu
+
+
+def swiglu_halves(h: torch.Tensor) -> torch.Tensor:
+    """``silu(h[..., :F]) * h[..., F:]`` for h (..., 2F).
+
+    Example:
+        >>> h = torch.randn(3, 8)
+        >>> torch.allclose(swiglu_halves(h), torch.nn.functional.silu(h[:, :4]) * h[:, 4:], atol=1e-6)
+        True
+    """
+    f = h.shape[-1] // 2
+    return swiglu(h[..., :f], h[..., f:])
