@@ -122,7 +122,8 @@ class Decoder:
         return q, k, v
 
     def _mlp(self, layer: Layer, y: torch.Tensor) -> torch.Tensor:
-        # SwiGLU in the gate|up projection's call: one launch at one row of x (the GEMV applies it)
+        # SwiGLU in the gate|up projection's call: one launch at one row of dense bf16/fp16 x on CUDA
+        # (the dense GEMV applies it to its sums); its own kernel elsewhere
         return opforge.linear(opforge.linear(y, layer.gate_up, activation="swiglu"), layer.down)
 
     def _out(self, layer: Layer, attn: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,9 @@ the end, and splits K when N alone gives too few programs (the last split of a t
 float32 partials in split order: the same ``_store`` as the quantized GEMV).
 
 ``linear`` runs it for one row of x with a dense fp16/bf16 weight on CUDA (traced as
-``triton``/``dense_gemv``); more rows go to
-cuBLAS. Measured (H100, at b634a74, CUDA graphs over L2-cold weights,
+``triton``/``dense_gemv``), also with ``activation="swiglu"``, which it applies to each program's
+gate and up sums (no written product, no swiglu launch: the 1B bf16 decode step 1104 -> 1076 us,
+``benchmarks/results/h100/2026-11-27-1ed549a``); more rows go to cuBLAS. Measured (H100, at b634a74, CUDA graphs over L2-cold weights,
 ``benchmarks/results/h100/2026-11-23-b634a74/breakdown_run1.json``): the 1B model's bf16 decode step
 1369 -> 1223 us (graph replay), each decode GEMV shape 1.06-1.27x cuBLAS.
 """
@@ -25,13 +26,33 @@ from ...runtime import alloc
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from .config import _split
-from .kernel_parts import _store_swiglu, _swiglu_rows
 from .triton_kernels import _counters, _store
 
 #: (BLOCK_N, BLOCK_K, num_warps, programs per SM) when no config is given.
 DEFAULT_CONFIG = (32, 256, 4, 4)
 #: Bytes of weight per program step in ``config_for`` (16-byte loads, all in flight at once).
 STEP_BYTES = 16384
+
+
+@triton.jit
+def _swiglu_rows(pid_n, N, BLOCK_N: tl.constexpr):
+    """The weight rows of a SwiGLU program (one row of x): its BLOCK_N / 2 features ``f`` interleaved
+    with their up rows, gate row ``f`` then up row ``N / 2 + f``, and the mask of both."""
+    r = tl.arange(0, BLOCK_N)
+    feature = pid_n * (BLOCK_N // 2) + r // 2
+    return feature + (r % 2) * (N // 2), feature < N // 2
+
+
+@triton.jit
+def _store_swiglu(res, rows, n_mask, pid_n, N, b_ptr, out_ptr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Write ``silu(gate) * up`` of one row's (BLOCK_N,) float32 sums over ``_swiglu_rows``' rows
+    (bias added first), cast once: BLOCK_N / 2 outputs."""
+    if HAS_BIAS:
+        res += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)
+    gate, up = tl.split(tl.reshape(res, (BLOCK_N // 2, 2)))
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    features = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(out_ptr + features, y.to(out_ptr.dtype.element_ty), mask=features < N // 2)
 
 
 @triton.jit

@@ -73,7 +73,7 @@ from . import epilogue
 from . import problem as qproblem
 from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
-from .kernel_parts import _codes_as_float, _combine, _counters, _store, _store_swiglu, _swiglu_rows
+from .kernel_parts import _codes_as_float, _combine, _counters, _store
 from .planes import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_N, launch_planes, planes_dequant, planes_gemv, supports_planes
 from .problem import LinearCall, LinearProblem
 
@@ -326,10 +326,9 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
                  words_per_split, n_splits, BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
                  LOP3: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr = False, PLANES: tl.constexpr = False, SWIGLU: tl.constexpr = False):
+                 PDL: tl.constexpr = False, PLANES: tl.constexpr = False):
     """BLOCK_M (1..16) rows of x by FMAs, no tensor cores (PLANES: int4 in the planes layout,
-    ``_code_columns``; SWIGLU, one row and no K split: the tile's rows are gate and up rows of
-    BLOCK_N / 2 features, ``_swiglu_rows``, written as silu(gate) * up). The weight is read as int32 words (int4: 8 codes, int8: 4) in a
+    ``_code_columns``). The weight is read as int32 words (int4: 8 codes, int8: 4) in a
     (BLOCK_N, BLOCK_K / PACK) tile that stays in the layout it was loaded in (16-byte loads:
     the loop runs over word indices, so their alignment is known).
     Codes are never shifted down: code ``i`` sits at bit ``BITS * p`` (p = i mod PACK/2) of the
@@ -340,11 +339,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     pdl.wait_for_previous(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    if SWIGLU:
-        rows, n_mask = _swiglu_rows(pid_n, N, BLOCK_N)
-    else:
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = rows < N
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
     ms = tl.arange(0, BLOCK_M)
     m_mask = ms < M
     words_ptr = w_ptr.to(tl.pointer_type(tl.int32))   # int8 rows are read as words too (K % 4 == 0)
@@ -357,11 +353,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     else:
         res = _gemv_rows(x_ptr, words_ptr, s_ptr, z_ptr, row_off, rows, n_mask, ms, m_mask, N, k_words, stride_xm,
                          w_start, w_end, BITS, GROUP, PER_ROW, SYMMETRIC, LOP3, BLOCK_M, BLOCK_N, BLOCK_K, PLANES)
-    if SWIGLU:
-        _store_swiglu(tl.reshape(res, (BLOCK_N,)), rows, n_mask, pid_n, N, b_ptr, out_ptr, HAS_BIAS, BLOCK_N)
-    else:
-        _store(res, ms, m_mask, rows, n_mask, pid_k, pid_n, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
-               HAS_BIAS, PARTIAL, FIXUP)
+    _store(res, ms, m_mask, rows, n_mask, pid_k, pid_n, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
 
 
 @triton.jit
@@ -450,13 +443,10 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
                          f"and groups of at least 128 (got {config}, group {w.group})")
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
-    # SwiGLU fuses into the one-row GEMV (a program's gate and up rows, whole sums: no K split);
-    # elsewhere the full product is written and the activation runs after, as its own op
-    swiglu = p.swiglu and not use_dot and block_m == 1
     # partials cost 8 bytes per split and output element (written, read back): at most half the weight's bytes
-    byte_cap = 1 if swiglu else max(1, w.nbytes // (2 * 8 * p.m * p.n))
+    byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
     split, k_per_split = _split(tiles, p.k, block_k, x.device, programs_per_sm, min(MAX_SPLIT, byte_cap))
-    out = alloc.empty((p.m, p.n // 2 if swiglu else p.n), x.dtype, x.device)
+    out = alloc.empty((p.m, p.n), x.dtype, x.device)
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
     zeros = w.zeros_t if w.zeros_t is not None else w.scales_t
@@ -476,13 +466,13 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         _gemv((n_tiles, split), (x, w.packed, w.scales_t, zeros, bias, out, ws, counters, p.m, p.n, p.k, p.k // pack,
                                  x.stride(0), p.k // pack, k_per_split // pack, split, w.bits, w.group, per_row,
                                  w.symmetric, has_bias, split > 1, fixup, not triton_interpreting(), block_m, block_n,
-                                 block_k, dependent, w.layout == "planes", swiglu),
+                                 block_k, dependent, w.layout == "planes"),
               num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         target = ws
         mn = p.m * p.n
         _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
-    if p.swiglu and not swiglu:
+    if p.swiglu:   # its own kernel: in the one-row GEMV it measured slower than apart (H100, 1B int4 step)
         out = epilogue.swiglu_halves(out)
     return out.view(call.out_shape)
 
