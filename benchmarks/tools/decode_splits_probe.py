@@ -8,7 +8,6 @@ merge kernel); more splits need the merge.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -17,6 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from decode_step_ablation import step_us  # noqa: E402
+from int4_candidate import write_json  # noqa: E402
 
 from opforge.models import load  # noqa: E402
 from opforge.models.testing import LLAMA_1B, write_random_checkpoint  # noqa: E402
@@ -49,10 +49,7 @@ def main() -> int:
                 attn.decode_config = tiles
         print(row, flush=True)
         rows.append(row)
-    path = os.path.join(os.environ.get("OUT", "."), "decode_splits_probe.json")
-    with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    print("wrote", path)
+    write_json({"device": torch.cuda.get_device_name(), "rows": rows}, "decode_splits_probe.json")
     return 0
 
 

@@ -11,15 +11,18 @@ but the GEMVs. Precisions: bf16 and int4 with the head quantized (planes, rows).
 """
 from __future__ import annotations
 
-import json
 import os
+import sys
 import tempfile
 
 import torch
 
-from opforge import api as opforge   # the module the decoder calls through
-from opforge.models import load
-from opforge.models.testing import LLAMA_1B, write_random_checkpoint
+sys.path.insert(0, os.path.dirname(__file__))
+from int4_candidate import graph_us, write_json  # noqa: E402
+
+from opforge import api as opforge   # the module the decoder calls through  # noqa: E402
+from opforge.models import load  # noqa: E402
+from opforge.models.testing import LLAMA_1B, write_random_checkpoint  # noqa: E402
 
 CONTEXT = 512
 NON_GEMV = ("norms", "swiglu", "rotary_append", "attention")
@@ -45,38 +48,18 @@ def _patches(kind: str, zeros: dict) -> dict:
 
 
 def step_us(model, kind: str, replays: int = 50) -> float:
+    """GPU time of one decode step (batch 1, its cache as filled) with ``kind`` left out: the
+    patches are in place while the step is warmed up and captured, then restored."""
     zeros: dict = {}
     saved = {name: getattr(opforge, name) for name in _patches(kind, zeros)}
     for name, fn in _patches(kind, zeros).items():
         setattr(opforge, name, fn)
+    tokens = torch.zeros((1,), dtype=torch.long, device="cuda")
     try:
-        tokens = torch.zeros((1,), dtype=torch.long, device="cuda")
-        seqlens = model.cache_seqlens[:1]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                model.decode_step(tokens, seqlens, float_logits=False)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            model.decode_step(tokens, seqlens, float_logits=False)
+        return graph_us([lambda: model.decode_step(tokens, model.cache_seqlens[:1], float_logits=False)], replays)
     finally:
         for name, fn in saved.items():
             setattr(opforge, name, fn)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays)
-    del graph
-    return sorted(times)[2]
 
 
 def main() -> int:
@@ -99,10 +82,7 @@ def main() -> int:
         result["rows"].append(row)
         del model
         torch.cuda.empty_cache()
-    path = os.path.join(os.environ.get("OUT", "."), "decode_step_ablation.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print("wrote", path)
+    write_json(result, "decode_step_ablation.json")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -17,9 +18,12 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from opforge.models import load
-from opforge.models.testing import LLAMA_1B, write_random_checkpoint
-from opforge.serve import generate, last_stats
+sys.path.insert(0, os.path.dirname(__file__))
+from int4_candidate import write_json  # noqa: E402
+
+from opforge.models import load  # noqa: E402
+from opforge.models.testing import LLAMA_1B, write_random_checkpoint  # noqa: E402
+from opforge.serve import generate, last_stats  # noqa: E402
 
 CONTEXT, NEW = 512, 64
 
@@ -84,10 +88,7 @@ def main() -> int:
         result["rows"].append(row)
         del model
         torch.cuda.empty_cache()
-    path = os.path.join(os.environ.get("OUT", "."), "generate_gaps.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print("wrote", path)
+    write_json(result, "generate_gaps.json")
     return 0
 
 
