@@ -129,10 +129,11 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
             quantized one-row GEMV the fused form measured slower (1B int4 step +7-9 us).
 
     Returns:
-        (..., N) in x's dtype ((..., N/2) with ``activation``); accumulation in float32. Triton variants: ``decode`` (M <= 16 rows),
-        ``prefill`` (more rows) and ``dequant_gemm`` (M >= 256, int4 M 17..64 with
-        N*K <= 8*2**20, int4 from M 65 but wide short weights to 128 rows: the weight dequantized
-        to x's dtype, then cuBLAS), see ``opforge.ops.quant.triton_kernels``.
+        (..., N) in x's dtype ((..., N/2) with ``activation``); accumulation in float32. Triton
+        variants: ``decode`` (M <= 16 rows), ``prefill`` (more rows) and ``dequant_gemm`` (M >=
+        256, int4 M 17..64 with N*K <= 8*2**20, int4 from M 65 but wide short weights to 128
+        rows: the weight dequantized to x's dtype, then cuBLAS), see
+        ``opforge.ops.quant.triton_kernels``.
         Metal variants (MPS tensors, also float32 x): ``qmv`` (M <= 16) and ``qmm``, see
         ``opforge.ops.quant.metal``.
 

@@ -10,7 +10,8 @@ float32 partials in split order: the same ``_store`` as the quantized GEMV).
 ``linear`` runs it for one row of x with a dense fp16/bf16 weight on CUDA (traced as
 ``triton``/``dense_gemv``), also with ``activation="swiglu"``, which it applies to each program's
 gate and up sums (no written product, no swiglu launch: the 1B bf16 decode step 1104 -> 1076 us,
-``benchmarks/results/h100/2026-11-27-1ed549a``); more rows go to cuBLAS. Measured (H100, at b634a74, CUDA graphs over L2-cold weights,
+``benchmarks/results/h100/2026-11-27-1ed549a``); more rows go to cuBLAS. Measured (H100, at
+b634a74, CUDA graphs over L2-cold weights,
 ``benchmarks/results/h100/2026-11-23-b634a74/breakdown_run1.json``): the 1B model's bf16 decode step
 1369 -> 1223 us (graph replay), each decode GEMV shape 1.06-1.27x cuBLAS.
 """
