@@ -155,7 +155,6 @@ def _engine_for(model: Any, batch: int, blocks: int, prompt_tokens: int, graphs:
     return engine, False
 
 
-
 def generate(model: Any, input_ids: Union[torch.Tensor, Sequence[int], Sequence[Sequence[int]]],
              max_new_tokens: int, *, temperature: float = 0.0, top_k: Optional[int] = None,
              top_p: Optional[float] = None, stop_ids: Sequence[int] = (),
