@@ -19,7 +19,7 @@ Example:
     ... def scaled_silu(x, scale: float):
     ...     return x * sigmoid(x) * scale
     >>> x = torch.randn(4, 8)
-    >>> torch.allclose(scaled_silu(x, 2.0), x * torch.sigmoid(x) * 2.0)
+    >>> torch.allclose(scaled_silu(x, 2.0), x * torch.sigmoid(x) * 2.0, atol=1e-6)
     True
 """
 from __future__ import annotations

@@ -198,7 +198,8 @@ def paged_rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         >>> pos = torch.tensor([3, 0, 1])
         >>> q2, k2 = opforge.rotary_embedding(q.transpose(0, 1)[None], k.transpose(0, 1)[None], angles.cos(),
         ...                                   angles.sin(), pos)
-        >>> torch.allclose(q_rot, q2[0].transpose(0, 1)) and torch.allclose(kp[2, 3], k2[0, :, 0])
+        >>> (torch.allclose(q_rot, q2[0].transpose(0, 1), atol=1e-6)
+        ...  and torch.allclose(kp[2, 3], k2[0, :, 0], atol=1e-6))
         True
         >>> torch.equal(vp[0, :2], v[1:])
         True

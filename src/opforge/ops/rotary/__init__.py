@@ -214,7 +214,8 @@ def rotary_kv_cache_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
         >>> lens = torch.tensor([3])
         >>> q_rot = opforge.rotary_kv_cache_append(q, k, v, kc, vc, lens, angles.cos(), angles.sin())
         >>> q2, k2 = opforge.rotary_embedding(q, k, angles.cos(), angles.sin(), torch.tensor([3, 4]))
-        >>> torch.allclose(q_rot, q2) and torch.allclose(kc[:, :, 3:5], k2) and torch.equal(vc[:, :, 3:5], v)
+        >>> (torch.allclose(q_rot, q2, atol=1e-6) and torch.allclose(kc[:, :, 3:5], k2, atol=1e-6)
+        ...  and torch.equal(vc[:, :, 3:5], v))
         True
     """
     sig = fused_signature(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, positions, interleaved, inplace)
