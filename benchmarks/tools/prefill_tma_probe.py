@@ -1,5 +1,5 @@
-"""A candidate Hopper prefill attention kernel: K/V (and Q/O) through TMA tensor descriptors, the
-unmasked key loop optionally warp-specialized (``tl.range(..., warp_specialize=True)``: a producer
+"""A candidate Hopper prefill attention kernel: Q, K and V through TMA tensor descriptors, the
+key loop optionally warp-specialized (``tl.range(..., warp_specialize=True)``: a producer
 warp group issues the TMA loads while the consumers run the MMAs and the softmax). Timed beside
 opforge's prefill kernel and SDPA's cuDNN and flash backends, each output checked first.
 
@@ -26,8 +26,8 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _tile(acc, m_i, l_i, q, k, v, offs_m, cols, qk_scale, MASKED: tl.constexpr):
-    """One K/V tile into the running (acc, max, sum); MASKED: the causal diagonal (key j seen by
-    row i only if j <= i)."""
+    """One K/V tile into the running (acc, max, sum); MASKED (every tile of a causal call): key j
+    is seen by row i only if j <= i."""
     s = tl.dot(q, tl.trans(k))
     if MASKED:
         s = tl.where(cols[None, :] <= offs_m[:, None], s * qk_scale, float("-inf"))
