@@ -132,19 +132,11 @@ def ptx_report() -> int:
     return fails
 
 
-def median_us(fn, reps: int = 30) -> float:
-    """Median GPU time of one call (CUDA events around each call, after 3 warm-up calls)."""
+def median_us(clock, fn, reps: int = 30) -> float:
+    """Median GPU time of one call (the bench harness's event clock), after 3 warm-up calls."""
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
+    return statistics.median(clock.device_times(fn, [()], reps, host_us=100.0))
 
 
 def main() -> int:
@@ -161,10 +153,12 @@ def main() -> int:
     import opforge
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from int4_candidate import write_json
+    from opforge.bench.timing import clock_for
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     torch.manual_seed(0)
     t0 = time.time()
+    clock = clock_for(torch.device("cuda"))
     rows, ok = [], True
     variants = {name: cfg for name, cfg in VARIANTS.items() if args.ws or not cfg[4]}
     # correctness on a small shape (grouped heads) against float64
@@ -203,7 +197,7 @@ def main() -> int:
             for name, fn in fns.items():
                 try:
                     err = ((fn().float() - want).norm() / want.norm()).item()
-                    us = median_us(fn)
+                    us = median_us(clock, fn)
                 except Exception as exc:   # noqa: BLE001
                     print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
