@@ -99,8 +99,7 @@ def _cpu_dense(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -
 
 
 def _dense(call: LinearCall) -> torch.Tensor:
-    out = F.linear(call.x, call.w, call.bias)
-    return (epilogue.swiglu_halves(out) if call.problem.swiglu else out).view(call.out_shape)
+    return epilogue.finish(F.linear(call.x, call.w, call.bias), call)
 
 
 def _dense_gemv(call: LinearCall) -> torch.Tensor:
@@ -175,8 +174,7 @@ def linear(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Optio
         return alloc.empty(call.out_shape, x.dtype, x.device)
     if p.k == 0:
         out = torch.zeros(call.out_shape[:-1] + (p.n,), dtype=x.dtype, device=x.device)
-        out = out + bias if bias is not None else out
-        return epilogue.swiglu_halves(out) if p.swiglu else out
+        return epilogue.finish(out + bias if bias is not None else out, call)
     return dispatch.run("linear", call, x)
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime.compile_support import library_op
+from .problem import check_activation
 from .weight import QuantizedWeight
 
 
@@ -43,14 +44,13 @@ quantized_linear_op = library_op("quantized_linear", _quantized_linear, _fake_qu
 def route_linear(x, w, bias=None, *, activation=None):
     """While compiling: the product through the custom op (quantized) or ``F.linear``, then
     SwiGLU (``activation="swiglu"``) as torch operations on its halves."""
+    swiglu = check_activation(activation, w.shape[0])   # the eager call's checks and messages
     if isinstance(w, QuantizedWeight):
         out = quantized_linear_op(x, w.packed, w.scales_t, w.zeros_t, w.bits, w.group_size,
                                   w.shape[0], w.shape[1], bias, w.layout)
     else:
         out = F.linear(x, w, bias)
-    if activation is None:
+    if not swiglu:
         return out
-    if activation != "swiglu":
-        raise ValueError(f"activation must be None or swiglu, got {activation!r}")
     f = out.shape[-1] // 2
     return (F.silu(out[..., :f].float()) * out[..., f:].float()).to(out.dtype)

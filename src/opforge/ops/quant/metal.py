@@ -136,7 +136,7 @@ def qmv(call: LinearCall, n_split: Optional[int] = None) -> torch.Tensor:
         combine = metal_runtime.kernel(SOURCE, kernel_name("combine", x.dtype, p.bits), x.device.type)
         combine(part, bias, out, shape, threads=-(-p.m * p.n // COMBINE_THREADS) * COMBINE_THREADS,
                 group_size=COMBINE_THREADS)
-    return _activated(out, call)
+    return epilogue.finish(out, call)
 
 
 def qmm(call: LinearCall) -> torch.Tensor:
@@ -149,12 +149,8 @@ def qmm(call: LinearCall) -> torch.Tensor:
     fn = metal_runtime.kernel(SOURCE, kernel_name("qmm", x.dtype, p.bits), x.device.type)
     groups = -(-p.m // TILE) * -(-p.n // TILE)
     fn(x, packed, scales, zeros, bias, out, shape, threads=groups * QMM_THREADS, group_size=QMM_THREADS)
-    return _activated(out, call)
+    return epilogue.finish(out, call)
 
-
-def _activated(out: torch.Tensor, call: LinearCall) -> torch.Tensor:
-    """The (M, N) product as ``call.out_shape``, after SwiGLU if asked (its own Metal kernel)."""
-    return (epilogue.swiglu_halves(out) if call.problem.swiglu else out).view(call.out_shape)
 
 
 def _reason(p: LinearProblem) -> Optional[str]:

@@ -262,9 +262,7 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     if split > 1 and not fixup:
         mn = p.m * p.n
         _combine((cdiv(mn, 1024),), (ws, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
-    if p.swiglu:   # only the dense one-row GEMV fuses it
-        out = epilogue.swiglu_halves(out)
-    return out.view(call.out_shape)
+    return epilogue.finish(out, call)   # only the dense one-row GEMV fuses SwiGLU
 
 
 def supports_planes(p: LinearProblem) -> Optional[str]:

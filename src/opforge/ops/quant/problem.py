@@ -162,7 +162,7 @@ def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Opti
             raise TypeError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
         if bias.device != x.device:
             raise ValueError(f"bias is on {bias.device} but x is on {x.device}: all tensors must be on one device")
-    swiglu = _check_activation(activation, n)
+    swiglu = check_activation(activation, n)
     out_shape = tuple(x.shape[:-1]) + (n // 2 if swiglu else n,)
     note = ""
     if x.dim() > 1 and x.stride(-1) != 1 and x.numel():
@@ -176,8 +176,13 @@ def prepare(x: torch.Tensor, w: Union[QuantizedWeight, torch.Tensor], bias: Opti
     return LinearCall(problem, x2, w, bias, out_shape, note)
 
 
-def _check_activation(activation: Optional[str], n: int) -> bool:
-    """Whether the call ends in SwiGLU; its weight stacks gate and up rows, so N must be even."""
+def check_activation(activation: Optional[str], n: int) -> bool:
+    """Whether the call ends in SwiGLU; its weight stacks gate and up rows, so N must be even.
+
+    Example:
+        >>> check_activation(None, 7), check_activation("swiglu", 8)
+        (False, True)
+    """
     if activation is None:
         return False
     if activation not in ACTIVATIONS:

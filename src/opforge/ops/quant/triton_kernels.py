@@ -472,9 +472,8 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
         target = ws
         mn = p.m * p.n
         _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
-    if p.swiglu:   # its own kernel: in the one-row GEMV it measured slower than apart (H100, 1B int4 step)
-        out = epilogue.swiglu_halves(out)
-    return out.view(call.out_shape)
+    # SwiGLU as its own kernel: in the one-row GEMV it measured slower than apart (H100, 1B int4 step)
+    return epilogue.finish(out, call)
 
 
 def dequantize(w, dtype: torch.dtype) -> torch.Tensor:
@@ -495,8 +494,7 @@ def launch_dequant_gemm(call: LinearCall) -> torch.Tensor:
     """Dequantize the weight to x's dtype (one pass over N*K), then cuBLAS through ``F.linear``.
     Unlike the other variants, the weight is rounded to x's 16-bit dtype before the product."""
     wd = dequantize(call.w, call.x.dtype)
-    out = F.linear(call.x, wd, call.bias)
-    return (epilogue.swiglu_halves(out) if call.problem.swiglu else out).view(call.out_shape)
+    return epilogue.finish(F.linear(call.x, wd, call.bias), call)
 
 
 def _dtype_reason(p: LinearProblem):
