@@ -81,6 +81,25 @@ def _spec_other(v: Any) -> Any:
 _SPEC = {torch.Tensor: _spec_tensor, int: _spec_int, bool: lambda v: ("b", v), float: _spec_other}
 
 
+def descriptor_spec(d: Any) -> tuple:
+    """Triton's specialization of a host tensor descriptor (``TensorDescriptor``), for launch keys:
+    its element type, rank, block shape and padding (shape and strides are launch-time values).
+
+    Example:
+        >>> from triton.tools.tensor_descriptor import TensorDescriptor
+        >>> descriptor_spec(TensorDescriptor.from_tensor(torch.zeros(4, 64), [2, 64]))
+        ('desc', torch.float32, (2, 64), 'zero', False)
+    """
+    return ("desc", d.base.dtype, tuple(d.block_shape), d.padding, d.round_f32_to_tf32)
+
+
+try:   # descriptors' keys: never the descriptor itself (its equality compares tensors)
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+    _SPEC[_TensorDescriptor] = descriptor_spec
+except ImportError:   # pragma: no cover - a Triton without host tensor descriptors
+    pass
+
+
 def _hook_active(hook: Any) -> bool:
     """Triton >= 3.5 keeps launch hooks in (usually empty) chains; older ones use None."""
     if hook is None:
