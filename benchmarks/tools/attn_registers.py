@@ -18,12 +18,15 @@ def registers(kernel, pointers: dict, consts: dict, warps: int, stages: int, flo
     return register_line(compile_sm90(kernel, pointers, floats, consts, warps, stages, ALIGNED), smem=True)
 
 
-def prefill(dtype: str, d: int, causal: bool, cfg=None) -> str:
-    bm, bn, warps, stages = cfg or config.prefill_config(d, 4 if dtype == "fp32" else 2)
+def prefill(dtype: str, d: int, causal: bool, cfg=None, tma: bool = False) -> str:
+    bm, bn, warps, stages = cfg or config.prefill_config(d, 4 if dtype == "fp32" else 2, tma=tma)
     bd = config.head_block(d)
-    ptrs = {a: "*" + dtype for a in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
+    ptrs = {a: "*" + dtype for a in ("q_src", "k_src", "v_src", "o_ptr")}
+    if tma:   # (B, H, S, D) descriptors whose block is one head's rows
+        ptrs.update({a: f"tensordesc<{dtype}[1, 1, {rows}, {bd}]>"
+                     for a, rows in (("q_src", bm), ("k_src", bn), ("v_src", bn))})
     consts = dict(D=d, BLOCK_D=bd, PAD_D=bd != d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, DOT_F32=False,
-                  IEEE=dtype == "fp32", SCALE_POS=True)
+                  IEEE=dtype == "fp32", SCALE_POS=True, TMA=tma)
     return f"{bm}x{bn} w{warps} s{stages}: " + registers(tk._prefill_kernel, ptrs, consts, warps, stages)
 
 
@@ -49,6 +52,10 @@ def main() -> None:
             for causal in (False, True):
                 print(f"prefill {dtype} D={d:3d} {'causal' if causal else 'full  '} {prefill(dtype, d, causal)}",
                       flush=True)
+    for d in config.PREFILL_TMA_HEAD_DIMS:
+        for causal in (False, True):
+            print(f"prefill bf16 D={d:3d} {'causal' if causal else 'full  '} descriptors "
+                  f"{prefill('bf16', d, causal, tma=True)}", flush=True)
     for dtype in ("bf16", "fp32"):
         for d in (64, 128, 256):
             for rows in (4, 16, 128):

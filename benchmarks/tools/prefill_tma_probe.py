@@ -1,7 +1,8 @@
 """A candidate Hopper prefill attention kernel: Q, K and V through TMA tensor descriptors, the
 key loop optionally warp-specialized (``tl.range(..., warp_specialize=True)``: a producer
 warp group issues the TMA loads while the consumers run the MMAs and the softmax). Timed beside
-opforge's prefill kernel and SDPA's cuDNN and flash backends, each output checked first.
+opforge's prefill kernel (its default, and forced to pointer loads and to descriptors) and SDPA's
+cuDNN and flash backends, each output checked first.
 
 The candidate takes contiguous (B, H, S, D) tensors with S a multiple of the tiles (a probe, not
 the product kernel: it does not mask a ragged end).
@@ -62,12 +63,23 @@ def _tma_prefill(desc_q, desc_k, desc_v, o_ptr, seq, hq, group, qk_scale,
         hi = (pid_m + 1) * BLOCK_M
     else:
         hi = seq
-    # one loop: the pass that warp-specializes a loop fails on a second loop after it (Triton 3.6),
-    # so under CAUSAL every tile masks (one select per score; row i always sees key 0)
-    for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=WS):
-        k = desc_k.load([kv_row + start_n, 0])
-        v = desc_v.load([kv_row + start_n, 0])
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q, k, v, offs_m, start_n + offs_n, qk_scale, CAUSAL)
+    if CAUSAL and not WS:
+        # two loops: the tiles left of the diagonal unmasked, then the diagonal's tiles masked
+        for start_n in tl.range(0, pid_m * BLOCK_M, BLOCK_N):
+            k = desc_k.load([kv_row + start_n, 0])
+            v = desc_v.load([kv_row + start_n, 0])
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, k, v, offs_m, start_n + offs_n, qk_scale, False)
+        for start_n in tl.range(pid_m * BLOCK_M, hi, BLOCK_N):
+            k = desc_k.load([kv_row + start_n, 0])
+            v = desc_v.load([kv_row + start_n, 0])
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, k, v, offs_m, start_n + offs_n, qk_scale, True)
+    else:
+        # one loop: the pass that warp-specializes a loop fails on a second loop after it (Triton
+        # 3.6), so under CAUSAL every tile masks (one select per score; row i always sees key 0)
+        for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=WS):
+            k = desc_k.load([kv_row + start_n, 0])
+            v = desc_v.load([kv_row + start_n, 0])
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, k, v, offs_m, start_n + offs_n, qk_scale, CAUSAL)
     # a plain store: the warp-specializing pass splits the rows between two consumer groups, and a
     # descriptor store of a (BLOCK_M / 2)-row half no longer matches a BLOCK_M-row descriptor
     rows = (q_row + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -90,6 +102,8 @@ def candidate(q, k, v, causal: bool, bm: int, bn: int, warps: int, stages: int, 
 
 VARIANTS = {   # name: (BLOCK_M, BLOCK_N, warps, stages, warp-specialized)
     "tma 128x128 w8 s3": (128, 128, 8, 3, False),
+    "tma 128x64 w8 s3": (128, 64, 8, 3, False),
+    "tma 128x128 w8 s2": (128, 128, 8, 2, False),
     "tma 128x128 w4 s2 ws": (128, 128, 4, 2, True),
     "tma 128x128 w4 s3 ws": (128, 128, 4, 3, True),
     "tma 128x64 w4 s3 ws": (128, 64, 4, 3, True),
@@ -144,8 +158,8 @@ def main() -> int:
     parser.add_argument("--ptx", action="store_true", help="compile for sm_90 only (no GPU)")
     parser.add_argument("--budget", type=float, default=90.0, help="seconds for the timed shapes")
     parser.add_argument("--ws", action="store_true",
-                        help="also run the warp-specialized variants (with Triton 3.6 on an H100 the first launch "
-                             "did not return within 130 s: run them last, under `timeout`)")
+                        help="run the warp-specialized variants instead of the others (with Triton 3.6 on an H100 "
+                             "the first launch did not return within 130 s: run them under `timeout`)")
     args = parser.parse_args()
     if args.ptx:
         return 1 if ptx_report() else 0
@@ -154,13 +168,16 @@ def main() -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from int4_candidate import write_json
     from opforge.bench.timing import clock_for
+    from opforge.ops.attention.problem import prepare_attention
+    from opforge.ops.attention.triton_kernels import launch_prefill
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     torch.manual_seed(0)
     t0 = time.time()
     clock = clock_for(torch.device("cuda"))
     rows, ok = [], True
-    variants = {name: cfg for name, cfg in VARIANTS.items() if args.ws or not cfg[4]}
+    variants = {name: cfg for name, cfg in VARIANTS.items() if cfg[4] == args.ws}
+    out_name = "prefill_tma_probe_ws.json" if args.ws else "prefill_tma_probe.json"
     # correctness on a small shape (grouped heads) against float64
     q, k, v = (torch.randn(2, h, 512, 128, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
     for causal in (False, True):
@@ -177,12 +194,12 @@ def main() -> int:
             rows.append({"check": name, "causal": causal, "rel_err": err})
             ok &= err < 1e-2
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
-    for b, h, s in ((4, 32, 4096), (16, 32, 1024), (1, 32, 16384)):
+    for b, h, s, d in ((4, 32, 4096, 128), (16, 32, 1024, 128), (1, 32, 16384, 128), (4, 32, 4096, 64)):
         for causal in (True, False):
             if time.time() - t0 > args.budget:
                 break
-            q, k, v = (torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            flops = 4 * b * h * s * s * 128 / (2 if causal else 1)
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
             fns = {}
             for name, backend in backends.items():   # cuDNN first: every row's ratio is to it
                 def sdpa(backend=backend):
@@ -190,6 +207,9 @@ def main() -> int:
                         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 fns[name] = sdpa
             fns["opforge"] = lambda: opforge.attention(q, k, v, causal=causal)
+            call = prepare_attention(q, k, v, causal, None)
+            fns["opforge pointers"] = lambda call=call: launch_prefill(call, tma=False)
+            fns["opforge descriptors"] = lambda call=call: launch_prefill(call, tma=True)
             for name, cfg in variants.items():   # the candidates last: a hang leaves the peers' rows printed
                 fns[name] = lambda cfg=cfg: candidate(q, k, v, causal, *cfg)
             want = fns["cudnn"]().float()
@@ -202,11 +222,27 @@ def main() -> int:
                     print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
                 cudnn_us = cudnn_us or us
-                line = {"shape": f"{b}x{h}x{s}", "causal": causal, "impl": name, "us": round(us, 1),
+                line = {"shape": f"{b}x{h}x{s}x{d}", "causal": causal, "impl": name, "us": round(us, 1),
                         "tflops": round(flops / us / 1e6, 1), "vs_cudnn": round(cudnn_us / us, 3), "err_vs_cudnn": err}
                 rows.append(line)
                 print(line, flush=True)
-            write_json(rows, "prefill_tma_probe.json")   # after every shape: a cut-off run keeps what it measured
+            write_json(rows, out_name)   # after every shape: a cut-off run keeps what it measured
+    if not args.ws:   # host time per call where the kernel is short: building three descriptors costs some
+        q, k, v = (torch.randn(1, 32, 128, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        call = prepare_attention(q, k, v, True, None)
+        for tma in (False, True):
+            for _ in range(10):
+                launch_prefill(call, tma=tma)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(300):
+                launch_prefill(call, tma=tma)
+            torch.cuda.synchronize()
+            line = {"shape": "1x32x128x128", "causal": True, "impl": "descriptors" if tma else "pointers",
+                    "wall_us_per_call": round((time.perf_counter() - t) / 300 * 1e6, 1)}
+            rows.append(line)
+            print(line, flush=True)
+        write_json(rows, out_name)
     return 0 if ok else 1
 
 

@@ -29,12 +29,13 @@ def ptxas_verbose(ptx: str, arch: str = "sm_90a") -> str:
 
 def compile_sm90(kernel, pointers: dict, floats: tuple, consts: dict, warps: int, stages: int,
                  aligned_suffixes: tuple = ()) -> str:
-    """PTX of ``kernel`` for sm_90: ``pointers`` typed as given, ``floats`` fp32, ``consts`` as
+    """PTX of ``kernel`` for sm_90: ``pointers`` (and tensor descriptors) typed as given, ``floats`` fp32, ``consts`` as
     constexprs, every other argument i32; the pointers and the i32 arguments whose names end in
     ``aligned_suffixes`` (strides) marked divisible by 16, as launches on aligned tensors see them."""
     sig = {a: pointers.get(a, "fp32" if a in floats else "constexpr" if a in consts else "i32")
            for a in kernel.arg_names}
-    aligned = [a for a in kernel.arg_names if a in pointers or (sig[a] == "i32" and a.endswith(aligned_suffixes))]
+    aligned = [a for a in kernel.arg_names if (a in pointers and not pointers[a].startswith("tensordesc"))
+               or (sig[a] == "i32" and a.endswith(aligned_suffixes))]
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})

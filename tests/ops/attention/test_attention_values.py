@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import opforge
 from opforge.ops.attention import cases, config, reference, triton_kernels as tk
-from opforge.ops.attention.problem import prepare_decode
+from opforge.ops.attention.problem import prepare_attention, prepare_decode
 from opforge.testing import DEVICE, ON_GPU, TOLERANCE, check_case, max_rel_error
 
 BACKENDS = ["triton", "torch"]
@@ -201,8 +201,55 @@ def test_decode_default_splits_on_a_long_cache():
     check_case(case, "triton")
 
 
+# ---- Q, K and V through tensor descriptors (TMA, Hopper) ----------------------------------------------
+
+# (B, Hq, Hkv, Sq, Sk, D, causal, layout): grouped heads, ragged last tiles, Sq < Sk and Sq > Sk
+# (rows that see no key), transposed views
+DESCRIPTOR_PREFILL = [
+    (2, 4, 2, 37, 37, 64, True, "packed"),
+    (1, 4, 1, 20, 45, 64, True, "bshd"),
+    (1, 8, 1, 70, 33, 128, True, "packed"),
+    (2, 2, 2, 33, 17, 128, False, "bshd"),
+]
+
+
+def _prefill_through_descriptors(shape: tuple, dtype: torch.dtype) -> tuple:
+    *dims, causal, layout = shape
+    args, _ = cases.prefill_case(*dims, dtype, causal, layout=layout).make(DEVICE)
+    out = tk.launch_prefill(prepare_attention(*args, causal, None), tma=True)
+    return out, reference.attention(*(t.double() for t in args), causal=causal)
+
+
+@pytest.mark.parametrize("shape", DESCRIPTOR_PREFILL, ids=lambda s: "x".join(map(str, s)))
+def test_prefill_through_descriptors_matches_float64(shape):
+    # the interpreter reads descriptors too (its dots run in float32 whatever the dtype)
+    for dtype in (torch.bfloat16, torch.float16) if ON_GPU else (torch.float32, torch.bfloat16):
+        out, ref = _prefill_through_descriptors(shape, dtype)
+        assert out.dtype == dtype and max_rel_error(out, ref) <= TOLERANCE[dtype], (shape, dtype)
+
+
+def test_descriptor_strides_of_size_one_dimensions():
+    """A size-1 dimension's stride never addresses anything, and may be any value (here 1 element,
+    which a descriptor refuses): the packed stride replaces it."""
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    base = torch.randn(40 * 64, device=DEVICE, dtype=dtype)
+    q = base.as_strided((1, 1, 40, 64), (1, 1, 64, 1))
+    assert tk._descriptor_strides(q) == [2560, 2560, 64, 1]
+    k = torch.randn(1, 1, 40, 64, device=DEVICE, dtype=dtype)
+    out = tk.launch_prefill(prepare_attention(q, k, k, True, None), tma=True)
+    ref = reference.attention(q.double(), k.double(), k.double(), causal=True)
+    assert max_rel_error(out, ref) <= TOLERANCE[dtype]
+
+
+def test_descriptors_off_the_gpu():
+    q = torch.randn(1, 2, 8, 64)
+    assert tk.tma_reason(prepare_attention(q, q, q, False, None)) == "q is not on a CUDA device"
+
+
 def test_tile_configs():
     assert config.prefill_config(128, 2) == (128, 128, 8, 3)
+    assert config.prefill_config(128, 2, tma=True) == (128, 128, 8, 3)
+    assert config.prefill_config(64, 2, tma=True) == (128, 64, 8, 3)
     assert config.prefill_config(256, 2)[0] <= 64
     assert config.head_block(80) == 128 and config.head_block(8) == 16
     assert config.decode_config(128, 2, 4 * 4)[0] == 16
@@ -217,6 +264,36 @@ def test_tile_configs():
 def test_prefill_real_sizes_gpu(d, causal):
     for dtype in (torch.bfloat16, torch.float16):
         check_case(cases.prefill_case(2, 16, 4, 1000, 1300, d, dtype, causal, layout="bshd"), "triton")
+
+
+@gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_both_load_paths_gpu(d, causal):
+    """Pointers and descriptors at real sizes, whatever the default picks on this GPU."""
+    q, k, v = (cases.random_heads(2, h, s, d, torch.bfloat16, "cuda", "bshd") for h, s in ((16, 1000), (4, 1300),
+                                                                                        (4, 1300)))
+    call = prepare_attention(q, k, v, causal, None)
+    ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
+    for tma in (False, True):
+        assert max_rel_error(tk.launch_prefill(call, tma=tma), ref) <= TOLERANCE[torch.bfloat16], tma
+
+
+@gpu
+def test_descriptors_where_the_gpu_and_tensors_allow():
+    q = torch.randn(1, 4, 64, 128, device="cuda", dtype=torch.bfloat16)
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert (tk.tma_reason(prepare_attention(q, q, q, True, None)) is None) == hopper
+    if not hopper:
+        return
+    assert "float32" in tk.tma_reason(prepare_attention(q.float(), q.float(), q.float(), True, None))
+    q80 = torch.randn(1, 4, 64, 80, device="cuda", dtype=torch.bfloat16)
+    assert "head_dim 80" in tk.tma_reason(prepare_attention(q80, q80, q80, True, None))
+    odd = torch.randn(4 * 64 * 128 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(1, 4, 64, 128)
+    assert "16-byte" in tk.tma_reason(prepare_attention(odd, q, q, True, None))
+    out = opforge.attention(odd, q, q, causal=True)     # pointer loads
+    ref = reference.attention(odd.double(), q.double(), q.double(), causal=True)
+    assert max_rel_error(out, ref) <= TOLERANCE[torch.bfloat16]
 
 
 @gpu

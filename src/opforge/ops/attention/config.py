@@ -24,24 +24,29 @@ def head_block(d: int) -> int:
     return max(16, next_power_of_2(d))
 
 
+# prefill through tensor descriptors (TMA) for these head dimensions, float16 / bfloat16, on compute
+# capability >= 9.0: measured on the H100 against the pointer loads (benchmarks/NOTES.md, attention)
+PREFILL_TMA_HEAD_DIMS = (64, 128)
+
+
 @functools.lru_cache(maxsize=None)
-def prefill_config(d: int, itemsize: int, interpreted: bool = False) -> tuple[int, int, int, int]:
+def prefill_config(d: int, itemsize: int, interpreted: bool = False, tma: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the prefill kernel (H100 defaults; the
     tiles shrink with the head block, and for float32, whose IEEE dots run without tensor cores:
     these are the largest tiles ptxas compiles for sm_90 without spilling, per
-    ``benchmarks/tools/attn_registers.py``).
+    ``benchmarks/tools/attn_registers.py``). ``tma``: the kernel reads through tensor descriptors.
 
     Example:
-        >>> prefill_config(128, 2)
-        (128, 128, 8, 3)
+        >>> prefill_config(128, 2), prefill_config(64, 2, tma=True)
+        ((128, 128, 8, 3), (128, 64, 8, 3))
     """
     if interpreted:
         return 16, 16, 1, 1
     block_d = head_block(d)
     if itemsize == 4:
         return (32, 32, 8, 2) if block_d <= 64 else (32, 16, 8, 2) if block_d <= 128 else (16, 16, 8, 1)
-    if block_d <= 64:
-        return 128, 64, 4, 3
+    if block_d <= 64:   # through descriptors, 4x4K: 8 warps 0.92-0.93x cuDNN, 128x128 tiles 0.73-0.76x
+        return (128, 64, 8, 3) if tma else (128, 64, 4, 3)
     if block_d <= 128:   # second H100 sweep, 4x4K: 128x128 455 / 447 TFLOP/s (full / causal) vs 128x64 394 / 430
         return 128, 128, 8, 3
     return 64, 32, 8, 2

@@ -6,7 +6,10 @@ h // group: grouped-query attention by head mapping, no repeat), with an online 
 float32: a running row maximum and a sum rescaled to it, exponentials in base 2 with the scale
 folded in. The key range splits into tiles every query row of the tile sees in full (no mask)
 and the causal diagonal / ragged end (masked); tiles no row sees are never visited. Programs
-with the most causal work start first. A row that sees no key gives zeros.
+with the most causal work start first. A row that sees no key gives zeros. On GPUs of compute
+capability 9.0 and newer (Hopper's TMA copy engine), float16 / bfloat16 with D = 64 or 128 and
+16-byte aligned tensors, the same kernel reads Q, K and V through (B, H, S, D) tensor descriptors
+(``tma_reason`` says why it does not); the copy engine fills rows past a sequence's end with zeros.
 
 ``decode``: split-KV. Program (batch b, key/value head, split, row block) reads its slice of
 the cache once for all ``group * Sq`` query rows of that head group, packed into one tile so the
@@ -36,28 +39,36 @@ from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec
-from .config import MAX_SPLITS, decode_config, decode_splits_by_length, head_block, prefill_config
+from .config import MAX_SPLITS, PREFILL_TMA_HEAD_DIMS, decode_config, decode_splits_by_length, head_block, \
+    prefill_config
 from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d, d_ok, end_n,
-                 shift, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
-                 DOT_F32: tl.constexpr, IEEE: tl.constexpr, FUSE_SCALE: tl.constexpr):
-    """One K/V tile into the running (acc, max, sum) of every query row; keys >= end_n are
-    masked, and with CAUSAL key j is seen by row i only if j <= i + shift (MASKED tiles only)."""
-    cols = start_n + offs_n
+def _kv_tile(k_base, v_base, k_ss, v_ss, start_n, offs_n, offs_d, d_ok, end_n, MASKED: tl.constexpr,
+             PAD_D: tl.constexpr):
+    """The K and V tiles of keys start_n .. start_n + BLOCK_N by pointers (keys >= end_n and
+    padded D columns read as zeros where MASKED / PAD_D)."""
     k_ptrs = k_base + tl.cast(start_n, tl.int64) * k_ss + offs_n[:, None] * k_ss + offs_d[None, :]
     v_ptrs = v_base + tl.cast(start_n, tl.int64) * v_ss + offs_n[:, None] * v_ss + offs_d[None, :]
     if MASKED or PAD_D:
-        kv_mask = (cols < end_n)[:, None] & d_ok[None, :]
+        kv_mask = ((start_n + offs_n) < end_n)[:, None] & d_ok[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
     else:
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
+    return k, v
+
+
+@triton.jit
+def _softmax_step(acc, m_i, l_i, q, k, v, cols, offs_m, end_n, shift, qk_scale, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, FUSE_SCALE: tl.constexpr):
+    """One K/V tile (keys ``cols``) into the running (acc, max, sum) of every query row; keys >=
+    end_n are masked, and with CAUSAL key j is seen by row i only if j <= i + shift (MASKED tiles
+    only)."""
     if DOT_F32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -95,11 +106,38 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, 
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
+def _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d, d_ok, end_n,
+                 shift, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+                 DOT_F32: tl.constexpr, IEEE: tl.constexpr, FUSE_SCALE: tl.constexpr):
+    """``_softmax_step`` over the K/V tile of keys start_n .. start_n + BLOCK_N, read by pointers."""
+    k, v = _kv_tile(k_base, v_base, k_ss, v_ss, start_n, offs_n, offs_d, d_ok, end_n, MASKED, PAD_D)
+    return _softmax_step(acc, m_i, l_i, q, k, v, start_n + offs_n, offs_m, end_n, shift, qk_scale, MASKED, CAUSAL,
+                         DOT_F32, IEEE, FUSE_SCALE)
+
+
+@triton.jit
+def _prefill_tile(acc, m_i, l_i, q, k_src, v_src, b, kvh, k_ss, v_ss, start_n, offs_m, offs_n, offs_d, d_ok, end_n,
+                  shift, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+                  DOT_F32: tl.constexpr, IEEE: tl.constexpr, FUSE_SCALE: tl.constexpr, TMA: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One prefill K/V tile: through tensor descriptors (TMA; rows past the keys' end read as
+    zeros, and the mask covers them) or through pointers from the (b, kvh) bases ``k_src``/``v_src``."""
+    if TMA:
+        k = k_src.load([b, kvh, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        v = v_src.load([b, kvh, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        k, v = _kv_tile(k_src, v_src, k_ss, v_ss, start_n, offs_n, offs_d, d_ok, end_n, MASKED, PAD_D)
+    return _softmax_step(acc, m_i, l_i, q, k, v, start_n + offs_n, offs_m, end_n, shift, qk_scale, MASKED, CAUSAL,
+                         DOT_F32, IEEE, FUSE_SCALE)
+
+
+@triton.jit
+def _prefill_kernel(o_ptr, q_src, k_src, v_src, sq, sk, hq, group, qk_scale,
                     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
                     D: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
-                    SCALE_POS: tl.constexpr):
+                    SCALE_POS: tl.constexpr, TMA: tl.constexpr):
+    # TMA: q_src / k_src / v_src are (B, H, S, D) tensor descriptors; otherwise pointers
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)   # the longest causal rows first
     bh = tl.program_id(1)
     b = bh // hq
@@ -109,12 +147,17 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    q_base = q_ptr + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
-    k_base = k_ptr + b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
-    v_base = v_ptr + b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
     row_ok = offs_m < sq
-    q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * q_ss + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if TMA:
+        q = q_src.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D)
+        k_at = k_src
+        v_at = v_src
+    else:
+        q_base = q_src + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
+        q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * q_ss + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        k_at = k_src + b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
+        v_at = v_src + b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
     if DOT_F32:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -129,11 +172,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sq, sk, hq, group, qk_scale,
         full = sk
     full = (full // BLOCK_N) * BLOCK_N
     for start_n in range(0, full, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d,
-                                     d_ok, sk, shift, qk_scale, False, CAUSAL, PAD_D, DOT_F32, IEEE, SCALE_POS)
+        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_at, v_at, b, kvh, k_ss, v_ss, start_n, offs_m, offs_n,
+                                      offs_d, d_ok, sk, shift, qk_scale, False, CAUSAL, PAD_D, DOT_F32, IEEE,
+                                      SCALE_POS, TMA, BLOCK_N, BLOCK_D)
     for start_n in range(full, hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, k_ss, v_ss, start_n, offs_m, offs_n, offs_d,
-                                     d_ok, sk, shift, qk_scale, True, CAUSAL, PAD_D, DOT_F32, IEEE, False)
+        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_at, v_at, b, kvh, k_ss, v_ss, start_n, offs_m, offs_n,
+                                      offs_d, d_ok, sk, shift, qk_scale, True, CAUSAL, PAD_D, DOT_F32, IEEE,
+                                      False, TMA, BLOCK_N, BLOCK_D)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                               # no key seen: zeros
     o_base = o_ptr + b.to(tl.int64) * o_sb + h.to(tl.int64) * o_sh
     tl.store(o_base + offs_m.to(tl.int64)[:, None] * o_ss + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
@@ -257,23 +302,79 @@ def _dot_flags(dtype: torch.dtype) -> tuple[bool, bool]:
     return triton_interpreting(), dtype == torch.float32
 
 
+@functools.lru_cache(maxsize=None)
+def _has_tma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def tma_reason(call: AttentionCall) -> Optional[str]:
+    """Why the prefill kernel reads q, k and v by pointers rather than through tensor descriptors
+    (Hopper's TMA copies), or None when it uses descriptors: on a GPU of compute capability 9.0
+    or newer, for float16 / bfloat16 with a head dimension measured there (``PREFILL_TMA_HEAD_DIMS``),
+    with 16-byte aligned tensors and strides.
+
+    Example:
+        >>> import torch
+        >>> from opforge.ops.attention.problem import prepare_attention
+        >>> q = torch.randn(1, 2, 8, 64)
+        >>> tma_reason(prepare_attention(q, q, q, False, None))
+        'q is not on a CUDA device'
+    """
+    p = call.problem
+    q = call.q
+    if q.device.type != "cuda":
+        return "q is not on a CUDA device"
+    if not _has_tma(q.device.index):
+        return "the GPU has no TMA (compute capability < 9.0)"
+    if p.dtype not in (torch.float16, torch.bfloat16):
+        return f"{p.dtype} (descriptors: float16 / bfloat16)"
+    if p.head_dim not in PREFILL_TMA_HEAD_DIMS:
+        return f"head_dim {p.head_dim} (descriptors: {PREFILL_TMA_HEAD_DIMS})"
+    for name, t in (("q", q), ("k", call.k), ("v", call.v)):
+        if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in _descriptor_strides(t)[:3]):
+            return f"{name} is not 16-byte aligned in its address or strides"
+    return None
+
+
+def _descriptor_strides(t: torch.Tensor) -> list[int]:
+    """``t``'s strides with those of size-1 dimensions (never used to address) replaced by the packed
+    stride, which is 16-byte aligned whenever the dimension inside it is."""
+    strides = list(t.stride())
+    for i in range(t.dim() - 2, -1, -1):
+        if t.shape[i] == 1:
+            strides[i] = strides[i + 1] * t.shape[i + 1]
+    return strides
+
+
+def _descriptor(t: torch.Tensor, rows: int):
+    """A (B, H, S, D) tensor descriptor whose block is ``rows`` positions of one head."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), _descriptor_strides(t), [1, 1, rows, t.shape[3]])
+
+
 def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: Optional[int] = None,
-                   num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> torch.Tensor:
-    """Run the prefill kernel; the keyword arguments override its configuration (for tuning)."""
+                   num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                   tma: Optional[bool] = None) -> torch.Tensor:
+    """Run the prefill kernel; the keyword arguments override its configuration (for tuning and
+    tests: ``tma`` forces descriptors or pointers, where the default follows ``tma_reason``)."""
     p = call.problem
     q, k, v = call.q, call.k, call.v
     out = alloc.empty((p.batch, p.q_heads, p.q_len, p.head_dim), q.dtype, q.device)
     if out.numel() == 0:
         return out
-    cfg = prefill_config(p.head_dim, q.element_size(), triton_interpreting())
+    if tma is None:
+        tma = tma_reason(call) is None
+    cfg = prefill_config(p.head_dim, q.element_size(), triton_interpreting(), tma)
     bm, bn, nw, ns = (block_m or cfg[0], block_n or cfg[1], num_warps or cfg[2], num_stages or cfg[3])
     dot_f32, ieee = _dot_flags(q.dtype)
+    srcs = (_descriptor(q, bm), _descriptor(k, bn), _descriptor(v, bn)) if tma else (q, k, v)
     grid = (cdiv(p.q_len, bm), p.batch * p.q_heads)
-    _prefill(grid, (q, k, v, out, p.q_len, p.kv_len, p.q_heads, p.group, call.scale * LOG2E,
+    _prefill(grid, (out, *srcs, p.q_len, p.kv_len, p.q_heads, p.group, call.scale * LOG2E,
                     q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                     v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
                     p.head_dim, head_block(p.head_dim), head_block(p.head_dim) != p.head_dim, bm, bn, call.causal,
-                    dot_f32, ieee, call.scale > 0),
+                    dot_f32, ieee, call.scale > 0, tma),
              num_warps=nw, num_stages=ns)
     return out
 
@@ -343,7 +444,8 @@ def _reason(p: AttentionProblem) -> Optional[str]:
 VARIANTS = {
     "attention": (
         ("prefill", _reason, launch_prefill,
-         "flash attention: Q tile vs streamed K/V tiles, online softmax, causal tiles skipped"),
+         "flash attention: Q tile vs streamed K/V tiles (TMA tensor descriptors on compute capability >= 9.0), "
+         "online softmax, causal tiles skipped"),
     ),
     "decode_attention": (
         ("split_kv", _reason, launch_decode,
