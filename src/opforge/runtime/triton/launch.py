@@ -90,7 +90,9 @@ def descriptor_spec(d: Any) -> tuple:
         >>> descriptor_spec(TensorDescriptor.from_tensor(torch.zeros(4, 64), [2, 64]))
         ('desc', torch.float32, (2, 64), 'zero', False)
     """
-    return ("desc", d.base.dtype, tuple(d.block_shape), d.padding, d.round_f32_to_tf32)
+    # fields a Triton release may lack (padding, float32 rounding) read as their defaults
+    return ("desc", d.base.dtype, tuple(d.block_shape), getattr(d, "padding", "zero"),
+            getattr(d, "round_f32_to_tf32", False))
 
 
 try:   # descriptors' keys: never the descriptor itself (its equality compares tensors)
