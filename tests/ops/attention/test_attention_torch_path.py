@@ -124,3 +124,15 @@ def test_fast_prefill_matches_the_oracle(dtype, shape):
     assert rel_error(out, oracle(q, k, v, seen, 0.25)) <= TOLERANCE[dtype]
     careful = reference.attention(q.double(), k.double(), v.double(), causal, 0.25)
     assert rel_error(careful, oracle(q, k, v, seen, 0.25)) <= 1e-12
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_oracle_in_row_chunks_equals_one_piece(monkeypatch, causal):
+    """The float64 oracle bounds its score matrix by computing query rows in chunks (a 16K
+    sequence would otherwise need 64 GiB): any chunking gives the one-piece result."""
+    q, k, v = (torch.randn(2, 4, s, 16, dtype=torch.float64) for s in (37, 29, 29))
+    k, v = k[:, :2], v[:, :2]
+    whole = reference.attention(q, k, v, causal=causal)
+    monkeypatch.setattr(reference, "SCORE_CHUNK_ELEMENTS", 2 * 4 * 29 * 5)   # 5 rows per chunk
+    chunked = reference.attention(q, k, v, causal=causal)
+    assert chunked.shape == whole.shape and rel_error(chunked, whole) <= 1e-14

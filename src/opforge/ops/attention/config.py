@@ -27,6 +27,10 @@ def head_block(d: int) -> int:
 # prefill through tensor descriptors (TMA) for these head dimensions, float16 / bfloat16, on compute
 # capability >= 9.0: measured on the H100 against the pointer loads (benchmarks/NOTES.md, attention)
 PREFILL_TMA_HEAD_DIMS = (64, 128)
+# ... and from this many FLOPs (4 B Hq Sq Sk D, halved when causal): building the three descriptors
+# costs ~30 us of host time per call (H100 host: 31 -> 62 us at 1x32x128x128), which the 15-25% of
+# GPU time they save repays from ~160 us of kernel time (16x32x1024x128 causal: 499 -> 408 us)
+PREFILL_TMA_MIN_FLOPS = 4e10
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,6 +23,10 @@ import torch
 import torch.nn.functional as F
 
 
+#: ``attention`` computes the scores of this many (query, key) pairs at most at once.
+SCORE_CHUNK_ELEMENTS = 1 << 27
+
+
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
@@ -79,7 +83,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     visible = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
-    return masked_attention(q, k, v, visible, scale)
+    # query rows in chunks whose score matrix stays near SCORE_CHUNK_ELEMENTS (rows are independent):
+    # the float64 oracle at 1x32x16384 would otherwise hold 64 GiB of scores
+    b, hq, sq = q.shape[:3]
+    rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, b * hq * k.shape[2]))
+    if rows >= sq:
+        return masked_attention(q, k, v, visible, scale)
+    return torch.cat([masked_attention(q[:, :, r:r + rows], k, v, None if visible is None else visible[r:r + rows],
+                                       scale) for r in range(0, sq, rows)], dim=2)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,

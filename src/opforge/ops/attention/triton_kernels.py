@@ -39,7 +39,7 @@ from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec
-from .config import MAX_SPLITS, PREFILL_TMA_HEAD_DIMS, decode_config, decode_splits_by_length, head_block, \
+from .config import MAX_SPLITS, PREFILL_TMA_HEAD_DIMS, PREFILL_TMA_MIN_FLOPS, decode_config, decode_splits_by_length, head_block, \
     prefill_config
 from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
 
@@ -311,7 +311,7 @@ def tma_reason(call: AttentionCall) -> Optional[str]:
     """Why the prefill kernel reads q, k and v by pointers rather than through tensor descriptors
     (Hopper's TMA copies), or None when it uses descriptors: on a GPU of compute capability 9.0
     or newer, for float16 / bfloat16 with a head dimension measured there (``PREFILL_TMA_HEAD_DIMS``),
-    with 16-byte aligned tensors and strides.
+    with 16-byte aligned tensors and strides, for calls of ``PREFILL_TMA_MIN_FLOPS`` or more.
 
     Example:
         >>> import torch
@@ -330,6 +330,10 @@ def tma_reason(call: AttentionCall) -> Optional[str]:
         return f"{p.dtype} (descriptors: float16 / bfloat16)"
     if p.head_dim not in PREFILL_TMA_HEAD_DIMS:
         return f"head_dim {p.head_dim} (descriptors: {PREFILL_TMA_HEAD_DIMS})"
+    flops = 4 * p.batch * p.q_heads * p.q_len * p.kv_len * p.head_dim / (2 if p.causal else 1)
+    if flops < PREFILL_TMA_MIN_FLOPS:
+        return f"{flops:.1e} FLOPs: building descriptors costs more host time than they save below " \
+               f"{PREFILL_TMA_MIN_FLOPS:.0e}"
     for name, t in (("q", q), ("k", call.k), ("v", call.v)):
         if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in _descriptor_strides(t)[:3]):
             return f"{name} is not 16-byte aligned in its address or strides"
