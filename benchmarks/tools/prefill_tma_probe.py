@@ -153,10 +153,58 @@ def median_us(clock, fn, reps: int = 30) -> float:
     return statistics.median(clock.device_times(fn, [()], reps, host_us=100.0))
 
 
+SWEEP = {   # head dim: (BLOCK_M, BLOCK_N, warps, stages) of opforge's prefill through descriptors
+    128: ((128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4), (64, 128, 4, 3)),
+    64: ((128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)),
+}
+
+
+def sweep(budget: float) -> int:
+    """opforge's prefill kernel through descriptors at each ``SWEEP`` configuration, beside cuDNN."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from int4_candidate import write_json
+    from opforge.bench.timing import clock_for
+    from opforge.ops.attention.problem import prepare_attention
+    from opforge.ops.attention.triton_kernels import launch_prefill
+
+    t0, rows = time.time(), []
+    clock = clock_for(torch.device("cuda"))
+    for b, h, s, d in ((16, 32, 1024, 128), (4, 32, 4096, 128), (16, 32, 1024, 64), (4, 32, 4096, 64)):
+        for causal in (True, False):
+            if time.time() - t0 > budget:
+                break
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            want = cudnn().float()
+            cudnn_us = median_us(clock, cudnn)
+            call = prepare_attention(q, k, v, causal, None)
+            for cfg in SWEEP[d]:
+                fn = lambda cfg=cfg: launch_prefill(call, *cfg, tma=True)   # noqa: E731
+                try:
+                    err = ((fn().float() - want).norm() / want.norm()).item()
+                    us = median_us(clock, fn)
+                except Exception as exc:   # noqa: BLE001 - a probe reports every failure and goes on
+                    print(f"{b}x{h}x{s}x{d} {cfg}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                line = {"shape": f"{b}x{h}x{s}x{d}", "causal": causal, "config": "x".join(map(str, cfg)),
+                        "us": round(us, 1), "tflops": round(flops / us / 1e6, 1), "vs_cudnn": round(cudnn_us / us, 3),
+                        "err_vs_cudnn": err}
+                rows.append(line)
+                print(line, flush=True)
+            write_json(rows, "prefill_sweep.json")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ptx", action="store_true", help="compile for sm_90 only (no GPU)")
     parser.add_argument("--budget", type=float, default=90.0, help="seconds for the timed shapes")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time opforge's prefill through descriptors over tiles, warps and stages instead")
     parser.add_argument("--ws", action="store_true",
                         help="run the warp-specialized variants instead of the others (with Triton 3.6 on an H100 "
                              "the first launch did not return within 130 s: run them under `timeout`)")
@@ -172,6 +220,8 @@ def main() -> int:
     from opforge.ops.attention.triton_kernels import launch_prefill
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    if args.sweep:
+        return sweep(args.budget)
     torch.manual_seed(0)
     t0 = time.time()
     clock = clock_for(torch.device("cuda"))

@@ -271,12 +271,12 @@ def test_prefill_real_sizes_gpu(d, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_prefill_both_load_paths_gpu(d, causal):
     """Pointers and descriptors at real sizes, whatever the default picks on this GPU."""
-    q, k, v = (cases.random_heads(2, h, s, d, torch.bfloat16, "cuda", "bshd") for h, s in ((16, 1000), (4, 1300),
-                                                                                        (4, 1300)))
-    call = prepare_attention(q, k, v, causal, None)
-    ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
-    for tma in (False, True):
-        assert max_rel_error(tk.launch_prefill(call, tma=tma), ref) <= TOLERANCE[torch.bfloat16], tma
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v = (cases.random_heads(2, h, s, d, dtype, "cuda", "bshd") for h, s in ((16, 1000), (4, 1300), (4, 1300)))
+        call = prepare_attention(q, k, v, causal, None)
+        ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
+        for tma in (False, True):
+            assert max_rel_error(tk.launch_prefill(call, tma=tma), ref) <= TOLERANCE[dtype], (dtype, tma)
 
 
 @gpu
