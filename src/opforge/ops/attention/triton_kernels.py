@@ -7,9 +7,10 @@ float32: a running row maximum and a sum rescaled to it, exponentials in base 2 
 folded in. The key range splits into tiles every query row of the tile sees in full (no mask)
 and the causal diagonal / ragged end (masked); tiles no row sees are never visited. Programs
 with the most causal work start first. A row that sees no key gives zeros. On GPUs of compute
-capability 9.0 and newer (Hopper's TMA copy engine), float16 / bfloat16 with D = 64 or 128 and
-16-byte aligned tensors, the same kernel reads Q, K and V through (B, H, S, D) tensor descriptors
-(``tma_reason`` says why it does not); the copy engine fills rows past a sequence's end with zeros.
+capability 9.0 and newer (Hopper's TMA copy engine), float16 / bfloat16 with D = 64 or 128,
+16-byte aligned tensors and calls of 4e10 FLOPs or more, the same kernel reads Q, K and V through
+(B, H, S, D) tensor descriptors (``tma_reason`` says why it does not); the copy engine fills rows
+past a sequence's end with zeros.
 
 ``decode``: split-KV. Program (batch b, key/value head, split, row block) reads its slice of
 the cache once for all ``group * Sq`` query rows of that head group, packed into one tile so the
@@ -39,8 +40,8 @@ from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec
-from .config import MAX_SPLITS, PREFILL_TMA_HEAD_DIMS, PREFILL_TMA_MIN_FLOPS, decode_config, decode_splits_by_length, head_block, \
-    prefill_config
+from .config import (MAX_SPLITS, PREFILL_TMA_HEAD_DIMS, PREFILL_TMA_MIN_FLOPS, decode_config, decode_splits_by_length,
+                     head_block, prefill_config)
 from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
 
 LOG2E = 1.4426950408889634
