@@ -188,3 +188,24 @@ def test_static_cache_length_is_forgotten_between_points():
     peers_module._forget_static_cache(hf)
     assert vars(hf) == {"keep": 1}
     peers_module._forget_static_cache(hf)                                  # nothing left to drop: no error
+
+
+def test_generate_seconds_measure_again_when_one_call_is_noise():
+    """One timed call each, unless the decode steps vanish in noise: then medians of five."""
+    import time
+
+    import torch
+    from opforge.bench.suites.model_peers import transformers_generate_seconds
+
+    class Noisy:   # the first four calls (warm-ups and one timed call per length) all take 20 ms
+        calls = 0
+
+        def generate(self, ids, max_new_tokens=1, **kwargs):
+            self.calls += 1
+            time.sleep(0.02 if self.calls <= 4 else 0.005 + 0.002 * max_new_tokens)
+            return ids
+
+    model = Noisy()
+    t_one, t_all = transformers_generate_seconds(model, torch.zeros(1, 4, dtype=torch.long), 8,
+                                                 torch.device("cpu"), warmup_tokens=0)
+    assert model.calls == 4 + 12 and t_all - t_one > 0.01

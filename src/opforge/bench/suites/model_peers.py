@@ -25,11 +25,21 @@ COMPILE_BACKEND_OFF_CUDA: Optional[str] = None
 """Off CUDA the compiled peer is skipped, unless this names a torch.compile backend (tests: "eager")."""
 
 
+#: ``new_tokens - 1`` decode steps must add this share of a generate call's time to be told from noise.
+MEASURABLE_SHARE = 0.05
+
+
+def _measurable(t_one: float, t_all: float) -> bool:
+    return t_all - t_one >= MEASURABLE_SHARE * t_all
+
+
 def transformers_generate_seconds(hf: Any, ids: torch.Tensor, new_tokens: int, device: torch.device,
                                   warmup_tokens: int = 2, **generate_kwargs: Any) -> tuple[float, float]:
     """Wall seconds of greedy ``generate`` for 1 and for ``new_tokens`` new tokens (in that order)
     after one warm-up call with ``warmup_tokens`` (none when 0: one at the same batch size ran).
-    Their difference is ``new_tokens - 1`` decode steps, the prefill cancelled out.
+    Their difference is ``new_tokens - 1`` decode steps, the prefill cancelled out. One timed call
+    each (a large model's generate is long); where that difference drowns in noise (a small model,
+    a busy host), medians of five calls each.
 
     Example:
         >>> class Echo:                                   # stands in for a transformers model
@@ -50,6 +60,9 @@ def transformers_generate_seconds(hf: Any, ids: torch.Tensor, new_tokens: int, d
             gen(warmup_tokens)
         t_one = median_seconds(lambda: gen(1), device, 1)
         t_all = median_seconds(lambda: gen(new_tokens), device, 1)
+        if not _measurable(t_one, t_all):
+            t_one = median_seconds(lambda: gen(1), device, 5)
+            t_all = median_seconds(lambda: gen(new_tokens), device, 5)
     return t_one, t_all
 
 
@@ -147,7 +160,7 @@ def _measure_hf(hf: Any, points: list[tuple[str, str]], g: Grid, device: torch.d
             warm = 0 if (impl, b) in warmed else (new if "compile" in impl else 2)
             t_one, t_all = transformers_generate_seconds(hf, ids, new, device, warmup_tokens=warm, **kw)
             warmed.add((impl, b))
-            if t_all - t_one < 0.05 * t_all:       # the decode steps drown in the prefill's noise
+            if not _measurable(t_one, t_all):       # the decode steps drown in the prefill's noise
                 raise RuntimeError(f"not measurable: generate of {new} tokens took {t_all:.3f} s, of 1 token "
                                    f"{t_one:.3f} s")
             if "compile" in impl and not compiled_seen and 0 <= graphs_before == _compiled_graphs():
