@@ -37,6 +37,7 @@ import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.triton import pdl
+from ...runtime.triton.arch import nvidia_sm90_or_newer
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec
@@ -303,11 +304,6 @@ def _dot_flags(dtype: torch.dtype) -> tuple[bool, bool]:
     return triton_interpreting(), dtype == torch.float32
 
 
-@functools.lru_cache(maxsize=None)
-def _has_tma(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
 def tma_reason(call: AttentionCall) -> Optional[str]:
     """Why the prefill kernel reads q, k and v by pointers rather than through tensor descriptors
     (Hopper's TMA copies), or None when it uses descriptors: on a GPU of compute capability 9.0
@@ -325,8 +321,8 @@ def tma_reason(call: AttentionCall) -> Optional[str]:
     q = call.q
     if q.device.type != "cuda":
         return "q is not on a CUDA device"
-    if not _has_tma(q.device.index):
-        return "the GPU has no TMA (compute capability < 9.0)"
+    if not nvidia_sm90_or_newer(q.device.index):
+        return "the GPU has no TMA (not an NVIDIA GPU of compute capability >= 9.0)"
     if p.dtype not in (torch.float16, torch.bfloat16):
         return f"{p.dtype} (descriptors: float16 / bfloat16)"
     if p.head_dim not in PREFILL_TMA_HEAD_DIMS:

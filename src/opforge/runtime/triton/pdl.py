@@ -19,7 +19,6 @@ Triton's interpreter, on GPUs before sm_90, on ROCm, and where Triton lacks ``gd
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -27,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..switches import triton_interpreting
+from .arch import nvidia_sm90_or_newer
 
 #: Whether kernels that support PDL use it (``OPFORGE_PDL=0`` turns it off; read at import, fixed
 #: for the process: launch keys and launch plans assume it does not change).
@@ -53,11 +53,6 @@ else:
         pass
 
 
-@functools.lru_cache(maxsize=None)
-def _capable(index: int) -> bool:
-    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
-
-
 def on(device: torch.device) -> bool:
     """Whether kernels on ``device`` launch with PDL (the ``PDL`` argument callers pass).
 
@@ -67,4 +62,4 @@ def on(device: torch.device) -> bool:
         False
     """
     return ENABLED and HAVE_GDC and device.type == "cuda" and not triton_interpreting() \
-        and _capable(device.index if device.index is not None else torch.cuda.current_device())
+        and nvidia_sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
