@@ -3,7 +3,7 @@
 Compiles the layer-norm kernels for sm_90 with the launch's specialization (16-byte aligned
 pointers, sizes and strides divisible by 16) and runs Triton's bundled ptxas on the PTX.
 
-    python benchmarks/tools/norm_registers.py [--sample 0 64]
+    python benchmarks/tools/norm_registers.py [--first-shift] [--unpaired]
 """
 from __future__ import annotations
 
@@ -52,18 +52,19 @@ def registers(kernel, consts: dict, dtype: str, warps: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sample", type=int, nargs="+", default=[0, 64], help="SHIFT_SAMPLE values")
+    ap.add_argument("--first-shift", action="store_true", help="the tile kernel shifts by the row's first value")
+    ap.add_argument("--unpaired", action="store_true", help="two sums instead of one of pairs (the interpreter's)")
     ap.add_argument("--dtype", default="bf16")
     args = ap.parse_args()
-    for sample in args.sample:
-        for res in (False, True):
-            base = dict(IS_RMS=False, HAS_RES=res, HAS_W=True, HAS_B=True, SAMPLE=sample)
-            name = "add_layer_norm" if res else "layer_norm"
-            for bm, bn, warps in ((16, 128, 4), (1, 1024, 4), (1, 4096, 4), (1, 16384, 16), (1, 32768, 32)):
-                info = registers(tk._tile_kernel, dict(base, BLOCK_M=bm, BLOCK_N=bn), args.dtype, warps)
-                print(f"SAMPLE={sample:<3d} {name:15s} tile {bm}x{bn} {warps:2d} warps: {info}")
-            info = registers(tk._looped_kernel, dict(base, CHUNK=config.LOOP_CHUNK), args.dtype, 32)
-            print(f"SAMPLE={sample:<3d} {name:15s} looped {config.LOOP_CHUNK} 32 warps: {info}")
+    paired = not args.unpaired
+    for res in (False, True):
+        base = dict(IS_RMS=False, HAS_RES=res, HAS_W=True, HAS_B=True, PAIRED=paired)
+        name = "add_layer_norm" if res else "layer_norm"
+        for bm, bn, warps in ((16, 128, 4), (1, 1024, 4), (1, 4096, 4), (1, 16384, 16), (1, 32768, 32)):
+            consts = dict(base, BLOCK_M=bm, BLOCK_N=bn, FIRST_SHIFT=args.first_shift)
+            print(f"{name:15s} tile {bm}x{bn} {warps:2d} warps: {registers(tk._tile_kernel, consts, args.dtype, warps)}")
+        info = registers(tk._looped_kernel, dict(base, CHUNK=config.LOOP_CHUNK), args.dtype, 32)
+        print(f"{name:15s} looped {config.LOOP_CHUNK} 32 warps: {info}")
 
 
 if __name__ == "__main__":

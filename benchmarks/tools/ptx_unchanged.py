@@ -6,7 +6,7 @@ rows specializes them (``norm_registers.compile_ptx``) and compare the PTX, igno
 information (file paths, line tables).
 
     git worktree add /tmp/before <commit>
-    python benchmarks/tools/ptx_unchanged.py /tmp/before . [--extra SAMPLE=0]
+    python benchmarks/tools/ptx_unchanged.py /tmp/before . [--extra PAIRED=True]
 
 ``--extra NAME=VALUE`` passes a constexpr only the second tree's kernels take (its default).
 Exit code 0 when every compiled variant has the same instructions, 1 otherwise.

@@ -26,10 +26,11 @@ def check(case, backend: str, tol_scale: float = 1.0):
     return check_case(case, backend, tol_scale)[0]
 
 
-@pytest.fixture(params=[0, 64], ids=["shift=mean", "shift=prefix64"])
+@pytest.fixture(params=[False, True], ids=["shift=mean", "shift=first"])
 def shift_sample(request, monkeypatch):
-    """Both ways the Triton layer norms pick their shift (triton_kernels.SHIFT_SAMPLE)."""
-    monkeypatch.setattr(triton_kernels, "SHIFT_SAMPLE", request.param)
+    """Both ways the Triton layer norm's one-row and multirow programs pick their shift
+    (``config.first_value_shift``), forced for every width and with a residual too."""
+    monkeypatch.setattr(triton_kernels, "first_value_shift", lambda block_n, has_residual: request.param)
     return request.param
 
 
@@ -94,9 +95,9 @@ def test_large_mean_small_spread_has_no_cancellation(op, offset, n, backend, shi
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
-@pytest.mark.parametrize("n", [77, 1500, 40000])
+@pytest.mark.parametrize("n", [77, 1500, 20000, 40000])
 def test_an_odd_prefix_still_gives_the_variance_around_the_mean(op, n, shift_sample):
-    # With SHIFT_SAMPLE the kernels subtract the mean of each row's first values before summing.
+    # With the first-value shift the kernels subtract each row's first value before summing.
     # Row 1's first 64 values sit 1e5 standard deviations off the rest: there the variance must be
     # recomputed around the mean (row 0, ordinary, shares the multirow tile).
     x = torch.randn(2, n, device=DEVICE)

@@ -15,6 +15,26 @@ ROW_MAX_N = {2: 32768, 4: 32768}  # per element size: widest row kept whole in r
 LOOP_CHUNK = 32768
 
 
+#: Layer norm's shift in the one-row program from this row width (BLOCK_N) on, without a
+#: residual: the row's first value instead of its mean, so the sums no longer wait for a reduction
+#: of the whole row. H100, % of copy bf16 / fp16 (``results/h100/2026-11-27-PENDING``): layer_norm
+#: 2048x32768 86 / 86 -> 90 / 91 (one program per SM there: nothing hides an exchange). Not below
+#: it: at 4096x16384 the shift's registers allow one program per SM instead of two (92 -> 74-76);
+#: not on narrow rows (multirow, 88-90 -> 87-88), not with a residual (add_layer_norm 2048x32768
+#: 93-94 -> 90-91), not in the looped variant (no gain at 1024x65536).
+FIRST_VALUE_SHIFT_MIN_N = 32768
+
+
+def first_value_shift(block_n: int, has_residual: bool) -> bool:
+    """Whether layer norm's one-row program shifts by the row's first value (else by the mean).
+
+    Example:
+        >>> first_value_shift(32768, False), first_value_shift(16384, False), first_value_shift(32768, True)
+        (True, False, False)
+    """
+    return block_n >= FIRST_VALUE_SHIFT_MIN_N and not has_residual
+
+
 @functools.lru_cache(maxsize=None)
 def multirow_config(n: int, itemsize: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a tile of narrow rows: 4 KiB of input, 4 warps (H100-tuned).

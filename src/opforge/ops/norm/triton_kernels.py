@@ -10,7 +10,9 @@ Two kernels serve three variants, chosen by the row length N:
   then a second walk normalizes. The row's second read mostly hits L2.
 
 All accumulate in float32. Layer norm never takes E[x^2] - E[x]^2: it sums d = x - shift with a
-shift near the mean (see SHIFT_SAMPLE), exact for clustered rows, so E[d^2] - E[d]^2 cancels little.
+shift near the mean (the mean itself, or the row's first value where ``config.first_value_shift``
+says so), exact for clustered rows, so E[d^2] - E[d]^2 cancels little. The sums of d and d^2 are
+one reduction of (d, d^2) pairs: one exchange between warps where two sums take two.
 Rows are addressed as ``(r // inner) * stride_outer + (r % inner) * stride_inner`` so strided
 views run in place; outputs are packed.
 """
@@ -23,19 +25,30 @@ import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.triton import pdl
+from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import I32_MAX, TritonLauncher, cdiv
-from .config import MULTIROW_MAX_N, ROW_MAX_N, looped_config, multirow_config, row_config
+from .config import MULTIROW_MAX_N, ROW_MAX_N, first_value_shift, looped_config, multirow_config, row_config
 from .problem import PLANS, NormCall, NormProblem
 
-# Layer norm sums x - shift. SHIFT_SAMPLE = 0: shift = the row's mean (the first chunk's, in the
-# looped variant), one more full reduction before the sums. SHIFT_SAMPLE = S > 0: the mean of the
-# row's first S values, which does not wait for the row; then, where E[(x - shift)^2] > SHIFT_FAR *
-# var (the shift over ~4 standard deviations off the mean, the one-pass form losing ~4 bits), the
-# variance is recomputed around the mean. S > 0 is correct and tested but not yet measured on a
-# GPU (see benchmarks/NOTES.md, Norms), so the measured S = 0 stays the default.
-SHIFT_SAMPLE = 0
+# With the first value as the shift, where E[(x - shift)^2] > SHIFT_FAR * var (the shift over ~4
+# standard deviations off the mean, the one-pass form losing ~4 bits) the variance is recomputed
+# around the mean.
 SHIFT_FAR = tl.constexpr(16.0)
+
+
+@triton.jit
+def _sum_and_squares(d, axis: tl.constexpr, PAIRED: tl.constexpr):
+    """(sum of d, sum of d * d) along ``axis``. PAIRED: one reduction of (d, d^2) pairs, one exchange
+    between warps where two sums take two (sm_90 PTX: 8 -> 5 barriers in a one-row program). The
+    interpreter sums the paired axis with numpy, which adds a strided axis in order, not pairwise
+    (1e3 times the error at 40000 values), so there the two sums stay apart."""
+    if PAIRED:
+        s1, s2 = tl.split(tl.sum(tl.join(d, d * d), axis=axis))
+    else:
+        s1 = tl.sum(d, axis=axis)
+        s2 = tl.sum(d * d, axis=axis)
+    return s1, s2
 
 
 @triton.jit
@@ -44,23 +57,22 @@ def _row_offsets(row, inner, stride_outer, stride_inner):
 
 
 @triton.jit
-def _sample_mean(x_ptr, r_ptr, s_ptr, x_off, r_off, row_ok, n, HAS_RES: tl.constexpr, SAMPLE: tl.constexpr):
-    """Per row (x_off, r_off: row start offsets), the mean of its first min(n, SAMPLE) values,
-    of x + residual rounded to the stored dtype when HAS_RES, as the kernel normalizes them."""
-    cols = tl.arange(0, SAMPLE)
-    ok = row_ok[:, None] & (cols < n)[None, :]
-    v = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+def _first_values(x_ptr, r_ptr, s_ptr, x_off, r_off, row_ok, HAS_RES: tl.constexpr):
+    """Per row (x_off, r_off: row start offsets), its first value, of x + residual rounded to the
+    stored dtype when HAS_RES, as the kernel normalizes it: a load every thread makes, no exchange."""
+    v = tl.load(x_ptr + x_off, mask=row_ok, other=0.0).to(tl.float32)
     if HAS_RES:
-        v += tl.load(r_ptr + r_off[:, None] + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        v += tl.load(r_ptr + r_off, mask=row_ok, other=0.0).to(tl.float32)
         v = v.to(s_ptr.dtype.element_ty).to(tl.float32)
-    return tl.sum(v, axis=1) / tl.minimum(n, SAMPLE).to(tl.float32)
+    return v
 
 
 @triton.jit(do_not_specialize=["rows", "x_inner", "r_inner"])
 def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                  x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
                  IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FIRST_SHIFT: tl.constexpr, PAIRED: tl.constexpr,
+                 PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     row = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -82,17 +94,18 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
         # Shifted data: d = x - shift is exact for clustered rows, so the mean of d corrects
         # the rounding of shift (rows like 1e4 + randn keep float32 accuracy), and since
         # mean(d) is small, var = mean(d^2) - mean(d)^2 cancels little.
-        if SAMPLE > 0:
-            # shift = the mean of the row's first SAMPLE values: a small load and reduction that
-            # does not wait for the whole row, so the two sums below are the only full rounds.
-            shift = _sample_mean(x_ptr, r_ptr, s_ptr, x_off, r_off, row < rows, n, HAS_RES, SAMPLE)
+        if FIRST_SHIFT:
+            # shift = the row's first value: it does not wait for the whole row, so the paired
+            # sums below are the only exchange between warps.
+            shift = _first_values(x_ptr, r_ptr, s_ptr, x_off, r_off, row < rows, HAS_RES)
         else:
             shift = tl.sum(v, axis=1) / n
         d = tl.where(mask, v - shift[:, None], 0.0)
-        d_mean = tl.sum(d, axis=1) / n
-        d_sq = tl.sum(d * d, axis=1) / n
+        d_sum, d_sq_sum = _sum_and_squares(d, 1, PAIRED)
+        d_mean = d_sum / n
+        d_sq = d_sq_sum / n
         var = tl.maximum(d_sq - d_mean * d_mean, 0.0)
-        if SAMPLE > 0:
+        if FIRST_SHIFT:
             if tl.max(d_sq - var * SHIFT_FAR, axis=0) > 0.0:
                 # A row's shift was far from its mean (an odd prefix), so d_sq - d_mean^2 cancelled:
                 # take the variance around the mean itself for this tile, in one more round over
@@ -116,7 +129,7 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
 def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                    x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
                    IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                   CHUNK: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False):
+                   CHUNK: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_start = _row_offsets(row, x_inner, x_so, x_si)
@@ -128,33 +141,24 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     cols = tl.arange(0, CHUNK)
     # The row is read twice. The first walk asks L2 to keep it (evict_last) and the second walks
     # it backwards, so the chunks it needs first are the ones read most recently.
-    # Layer norm takes sums of v - shift, shift being the first chunk's mean (or, with SAMPLE, the
-    # mean of the row's first SAMPLE values): for clustered rows (1e4 + randn) that subtraction is
-    # exact, so var = E[(v-shift)^2] - E[v-shift]^2 cancels little, and the two sums of a chunk
-    # are independent reductions.
+    # Layer norm takes sums of v - shift, shift being the first chunk's mean: for clustered rows
+    # (1e4 + randn) that subtraction is exact, so var = E[(v-shift)^2] - E[v-shift]^2 cancels
+    # little, and the two sums of a chunk are one reduction of pairs.
     shift = 0.0
-    if SAMPLE > 0 and not IS_RMS:
-        one = tl.zeros((1,), tl.int64)
-        shift = tl.sum(_sample_mean(x_ptr, r_ptr, s_ptr, one + x_start, one + r_start, one == 0, n,
-                                    HAS_RES, SAMPLE), axis=0)
+    ok = cols < n
+    v = tl.load(x_row + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if HAS_RES:
+        v += tl.load(r_row + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        total = v.to(s_ptr.dtype.element_ty)
+        tl.store(s_row + cols, total, mask=ok, eviction_policy="evict_last")
+        v = total.to(tl.float32)
+    if IS_RMS:
         s1 = tl.zeros((), tl.float32)
-        s2 = tl.zeros((), tl.float32)
-        first = 0
-    else:  # the first chunk's sums (and for layer norm its mean as the shift: one more reduction)
-        ok = cols < n
-        v = tl.load(x_row + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        if HAS_RES:
-            v += tl.load(r_row + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            total = v.to(s_ptr.dtype.element_ty)
-            tl.store(s_row + cols, total, mask=ok, eviction_policy="evict_last")
-            v = total.to(tl.float32)
-        if not IS_RMS:
-            shift = tl.sum(v, axis=0) / tl.minimum(n, CHUNK).to(tl.float32)
-            v = tl.where(ok, v - shift, 0.0)
-        s1 = tl.sum(v, axis=0)
         s2 = tl.sum(v * v, axis=0)
-        first = CHUNK
-    for start in range(first, n, CHUNK):
+    else:
+        shift = tl.sum(v, axis=0) / tl.minimum(n, CHUNK).to(tl.float32)
+        s1, s2 = _sum_and_squares(tl.where(ok, v - shift, 0.0), 0, PAIRED)
+    for start in range(CHUNK, n, CHUNK):
         c = start + cols
         ok = c < n
         v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -163,10 +167,12 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
             total = v.to(s_ptr.dtype.element_ty)
             tl.store(s_row + c, total, mask=ok, eviction_policy="evict_last")
             v = total.to(tl.float32)
-        if not IS_RMS:
-            v = tl.where(ok, v - shift, 0.0)
-        s1 += tl.sum(v, axis=0)
-        s2 += tl.sum(v * v, axis=0)
+        if IS_RMS:
+            s2 += tl.sum(v * v, axis=0)
+        else:
+            c1, c2 = _sum_and_squares(tl.where(ok, v - shift, 0.0), 0, PAIRED)
+            s1 += c1
+            s2 += c2
     mean = s1 / n
     if HAS_RES:
         tl.debug_barrier()  # the stored sums are re-read below, possibly by other threads
@@ -174,20 +180,6 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
         m2 = s2
     else:
         m2 = tl.maximum(s2 - s1 * mean, 0.0)
-        if SAMPLE > 0:
-            if s2 > m2 * SHIFT_FAR:
-                # The shift was far from the mean (an odd prefix), so s2 - s1 * mean cancelled:
-                # take the sum of squared deviations around the mean itself, in one more walk.
-                m2 = tl.zeros((), tl.float32)
-                for start in range(0, n, CHUNK):
-                    c = start + cols
-                    ok = c < n
-                    if HAS_RES:
-                        v = tl.load(s_row + c, mask=ok, other=0.0).to(tl.float32)
-                    else:
-                        v = tl.load(x_row + c, mask=ok, other=0.0).to(tl.float32)
-                    v = tl.where(ok, (v - shift) - mean, 0.0)
-                    m2 += tl.sum(v * v, axis=0)
     rstd = tl.rsqrt(m2 / n + eps)
     last = tl.cdiv(n, CHUNK) - 1
     for i in range(0, tl.cdiv(n, CHUNK)):
@@ -288,25 +280,30 @@ def _offer_plan(launcher: TritonLauncher, key: tuple, call: NormCall, grid_x: in
     PLANS.offer(call.signature, plan, "triton")
 
 
+def _tile_constexprs(call: NormCall, block_m: int, block_n: int) -> tuple:
+    p = call.problem
+    first = not p.is_rms and first_value_shift(block_n, p.has_residual)
+    return block_m, block_n, first, not triton_interpreting(), pdl.on(call.x.tensor.device)
+
+
 def launch_multirow(call: NormCall):
     config = multirow_config(call.problem.n, call.problem.dtype.itemsize)
     block_m, block_n, warps = config
     return _launch(_tile, call, config, (cdiv(call.problem.rows, block_m),),
-                   (block_m, block_n, SHIFT_SAMPLE, pdl.on(call.x.tensor.device)), warps)
+                   _tile_constexprs(call, block_m, block_n), warps)
 
 
 def launch_row(call: NormCall):
     config = row_config(call.problem.n, call.problem.dtype.itemsize, call.problem.is_rms)
     block_m, block_n, warps = config
-    return _launch(_tile, call, config, (call.problem.rows,), (block_m, block_n, SHIFT_SAMPLE,
-                                                               pdl.on(call.x.tensor.device)), warps)
+    return _launch(_tile, call, config, (call.problem.rows,), _tile_constexprs(call, block_m, block_n), warps)
 
 
 def launch_looped(call: NormCall):
     config = looped_config(call.problem.n)
     chunk, warps = config
-    return _launch(_looped, call, config, (call.problem.rows,), (chunk, SHIFT_SAMPLE, pdl.on(call.x.tensor.device)),
-                   warps)
+    return _launch(_looped, call, config, (call.problem.rows,),
+                   (chunk, not triton_interpreting(), pdl.on(call.x.tensor.device)), warps)
 
 
 def _dtype_reason(p: NormProblem) -> Optional[str]:
