@@ -56,6 +56,10 @@ def main() -> None:
         for causal in (False, True):
             print(f"prefill bf16 D={d:3d} {'causal' if causal else 'full  '} descriptors "
                   f"{prefill('bf16', d, causal, tma=True)}", flush=True)
+    for d in config.CAUSAL_SMALL_TILES_MAX_KEYS:
+        for tma in (False, True):
+            print(f"prefill bf16 D={d:3d} causal small tiles{' descriptors' if tma else ''} "
+                  f"{prefill('bf16', d, True, config.CAUSAL_SMALL_TILES, tma)}", flush=True)
     for dtype in ("bf16", "fp32"):
         for d in (64, 128, 256):
             for rows in (4, 16, 128):

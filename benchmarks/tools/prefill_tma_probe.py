@@ -153,14 +153,21 @@ def median_us(clock, fn, reps: int = 30) -> float:
     return statistics.median(clock.device_times(fn, [()], reps, host_us=100.0))
 
 
-SWEEP = {   # head dim: (BLOCK_M, BLOCK_N, warps, stages) of opforge's prefill through descriptors
-    128: ((128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4), (64, 128, 4, 3)),
-    64: ((128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)),
+SWEEP = {   # head dim: (BLOCK_M, BLOCK_N, warps, stages) of opforge's prefill; None: its default for the call
+    128: (None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 64, 4, 2),
+          (128, 32, 8, 3)),
+    64: (None, (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)),
 }
+#: (B, H, S, D, through descriptors) of the sweep: pointer loads where a model's call is under
+#: ``PREFILL_TMA_MIN_FLOPS``
+SWEEP_SHAPES = ((16, 32, 1024, 128, True), (8, 32, 2048, 128, True), (4, 32, 4096, 128, True),
+                (1, 32, 16384, 128, True), (16, 32, 1024, 64, True), (8, 32, 2048, 64, True), (4, 32, 4096, 64, True),
+                (1, 32, 1024, 128, False), (1, 32, 2048, 128, False), (1, 32, 2048, 64, False),
+                (4, 32, 1024, 64, False))
 
 
 def sweep(budget: float) -> int:
-    """opforge's prefill kernel through descriptors at each ``SWEEP`` configuration, beside cuDNN."""
+    """opforge's prefill kernel at each ``SWEEP`` configuration on ``SWEEP_SHAPES``, beside cuDNN."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from int4_candidate import write_json
     from opforge.bench.timing import clock_for
@@ -169,7 +176,7 @@ def sweep(budget: float) -> int:
 
     t0, rows = time.time(), []
     clock = clock_for(torch.device("cuda"))
-    for b, h, s, d in ((16, 32, 1024, 128), (4, 32, 4096, 128), (16, 32, 1024, 64), (4, 32, 4096, 64)):
+    for b, h, s, d, tma in SWEEP_SHAPES:
         for causal in (True, False):
             if time.time() - t0 > budget:
                 break
@@ -183,14 +190,15 @@ def sweep(budget: float) -> int:
             cudnn_us = median_us(clock, cudnn)
             call = prepare_attention(q, k, v, causal, None)
             for cfg in SWEEP[d]:
-                fn = lambda cfg=cfg: launch_prefill(call, *cfg, tma=True)   # noqa: E731
+                fn = lambda cfg=cfg: launch_prefill(call, *(cfg or ()), tma=tma)   # noqa: E731
                 try:
                     err = ((fn().float() - want).norm() / want.norm()).item()
                     us = median_us(clock, fn)
                 except Exception as exc:   # noqa: BLE001 - a probe reports every failure and goes on
                     print(f"{b}x{h}x{s}x{d} {cfg}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
-                line = {"shape": f"{b}x{h}x{s}x{d}", "causal": causal, "config": "x".join(map(str, cfg)),
+                line = {"shape": f"{b}x{h}x{s}x{d}", "causal": causal, "tma": tma,
+                        "config": "x".join(map(str, cfg)) if cfg else "default",
                         "us": round(us, 1), "tflops": round(flops / us / 1e6, 1), "vs_cudnn": round(cudnn_us / us, 3),
                         "err_vs_cudnn": err}
                 rows.append(line)
@@ -204,7 +212,7 @@ def main() -> int:
     parser.add_argument("--ptx", action="store_true", help="compile for sm_90 only (no GPU)")
     parser.add_argument("--budget", type=float, default=90.0, help="seconds for the timed shapes")
     parser.add_argument("--sweep", action="store_true",
-                        help="time opforge's prefill through descriptors over tiles, warps and stages instead")
+                        help="time opforge's prefill over tiles, warps and stages instead")
     parser.add_argument("--ws", action="store_true",
                         help="run the warp-specialized variants instead of the others (with Triton 3.6 on an H100 "
                              "the first launch did not return within 130 s: run them under `timeout`)")

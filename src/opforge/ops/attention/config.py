@@ -33,19 +33,46 @@ PREFILL_TMA_HEAD_DIMS = (64, 128)
 PREFILL_TMA_MIN_FLOPS = 4e10
 
 
+# causal prefill in 64x64 tiles, 4 warps, 3 stages (``CAUSAL_SMALL_TILES``) for these head dimensions, up
+# to this many keys (None: any). Smaller programs balance the triangle's uneven rows and mask a quarter
+# of the diagonal tile's scores. H200, bf16, vs cuDNN (benchmarks/NOTES.md, attention): D = 128 through
+# descriptors 0.74 -> 0.84x at 1K keys, 0.82 -> 0.87x at 2K, 0.88 -> 0.87x at 4K, 0.98 -> 0.87x at 16K;
+# by pointers 0.72 -> 0.87x at 1K, 0.72 -> 0.83x at 2K. D = 64: 0.88 -> 0.93x (1K), 0.92 -> 0.95x (2K),
+# 0.94 -> 0.96x (4K), equal at 8K through descriptors; 0.79-0.80 -> 0.88-0.94x by pointers (1K-2K).
+CAUSAL_SMALL_TILES = (64, 64, 4, 3)
+CAUSAL_SMALL_TILES_MAX_KEYS = {64: None, 128: 2048}
+
+
+def causal_small_tiles(d: int, kv_len: int) -> bool:
+    """Whether a causal prefill of head dimension ``d`` over ``kv_len`` keys runs ``CAUSAL_SMALL_TILES``.
+
+    Example:
+        >>> causal_small_tiles(128, 1024), causal_small_tiles(128, 4096), causal_small_tiles(64, 16384)
+        (True, False, True)
+    """
+    if d not in CAUSAL_SMALL_TILES_MAX_KEYS:
+        return False
+    limit = CAUSAL_SMALL_TILES_MAX_KEYS[d]
+    return limit is None or kv_len <= limit
+
+
 @functools.lru_cache(maxsize=None)
-def prefill_config(d: int, itemsize: int, interpreted: bool = False, tma: bool = False) -> tuple[int, int, int, int]:
+def prefill_config(d: int, itemsize: int, interpreted: bool = False, tma: bool = False,
+                   small_causal: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the prefill kernel (H100 defaults; the
     tiles shrink with the head block, and for float32, whose IEEE dots run without tensor cores:
     these are the largest tiles ptxas compiles for sm_90 without spilling, per
-    ``benchmarks/tools/attn_registers.py``). ``tma``: the kernel reads through tensor descriptors.
+    ``benchmarks/tools/attn_registers.py``). ``tma``: the kernel reads through tensor descriptors;
+    ``small_causal``: a causal call where ``causal_small_tiles`` holds (float16 / bfloat16 only).
 
     Example:
-        >>> prefill_config(128, 2), prefill_config(64, 2, tma=True)
-        ((128, 128, 8, 3), (128, 64, 8, 3))
+        >>> prefill_config(128, 2), prefill_config(64, 2, tma=True), prefill_config(128, 2, small_causal=True)
+        ((128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3))
     """
     if interpreted:
         return 16, 16, 1, 1
+    if small_causal and itemsize == 2:
+        return CAUSAL_SMALL_TILES
     block_d = head_block(d)
     if itemsize == 4:
         return (32, 32, 8, 2) if block_d <= 64 else (32, 16, 8, 2) if block_d <= 128 else (16, 16, 8, 1)

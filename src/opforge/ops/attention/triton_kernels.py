@@ -41,8 +41,8 @@ from ...runtime.triton.arch import nvidia_sm90_or_newer
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import TritonLauncher, cdiv, int_spec
-from .config import (MAX_SPLITS, PREFILL_TMA_HEAD_DIMS, PREFILL_TMA_MIN_FLOPS, decode_config, decode_splits_by_length,
-                     head_block, prefill_config)
+from .config import (MAX_SPLITS, PREFILL_TMA_HEAD_DIMS, PREFILL_TMA_MIN_FLOPS, causal_small_tiles, decode_config,
+                     decode_splits_by_length, head_block, prefill_config)
 from .problem import MAX_KERNEL_HEAD_DIM, AttentionCall, AttentionProblem, DecodeCall
 
 LOG2E = 1.4426950408889634
@@ -366,7 +366,8 @@ def launch_prefill(call: AttentionCall, block_m: Optional[int] = None, block_n: 
         return out
     if tma is None:
         tma = tma_reason(call) is None
-    cfg = prefill_config(p.head_dim, q.element_size(), triton_interpreting(), tma)
+    cfg = prefill_config(p.head_dim, q.element_size(), triton_interpreting(), tma,
+                         causal_small_tiles(p.head_dim, p.kv_len) if call.causal else False)
     bm, bn, nw, ns = (block_m or cfg[0], block_n or cfg[1], num_warps or cfg[2], num_stages or cfg[3])
     dot_f32, ieee = _dot_flags(q.dtype)
     srcs = (_descriptor(q, bm), _descriptor(k, bn), _descriptor(v, bn)) if tma else (q, k, v)
