@@ -28,7 +28,8 @@ from ...runtime.triton import pdl
 from ...runtime.backends import triton_interpreting
 from ...runtime.errors import kernel_dtype_reason
 from ...runtime.triton.launch import I32_MAX, TritonLauncher, cdiv
-from .config import MULTIROW_MAX_N, ROW_MAX_N, first_value_shift, looped_config, multirow_config, row_config
+from .config import (MULTIROW_MAX_N, ROW_MAX_N, first_value_shift, looped_config, multirow_config, paired_sums,
+                     row_config)
 from .problem import PLANS, NormCall, NormProblem
 
 # With the first value as the shift, where E[(x - shift)^2] > SHIFT_FAR * var (the shift over ~4
@@ -283,7 +284,8 @@ def _offer_plan(launcher: TritonLauncher, key: tuple, call: NormCall, grid_x: in
 def _tile_constexprs(call: NormCall, block_m: int, block_n: int) -> tuple:
     p = call.problem
     first = not p.is_rms and first_value_shift(block_n, p.has_residual)
-    return block_m, block_n, first, not triton_interpreting(), pdl.on(call.x.tensor.device)
+    paired = not triton_interpreting() and not p.is_rms and paired_sums(block_m, block_n)
+    return block_m, block_n, first, paired, pdl.on(call.x.tensor.device)
 
 
 def launch_multirow(call: NormCall):
@@ -303,7 +305,7 @@ def launch_looped(call: NormCall):
     config = looped_config(call.problem.n)
     chunk, warps = config
     return _launch(_looped, call, config, (call.problem.rows,),
-                   (chunk, not triton_interpreting(), pdl.on(call.x.tensor.device)), warps)
+                   (chunk, not triton_interpreting() and not call.problem.is_rms, pdl.on(call.x.tensor.device)), warps)
 
 
 def _dtype_reason(p: NormProblem) -> Optional[str]:
