@@ -38,12 +38,13 @@ json.dump(out, sys.stdout)
 
 
 def instructions(ptx: str) -> list[str]:
-    """PTX lines that are code: no comments, no debug sections, no .loc/.file directives."""
+    """PTX lines that are code: no comments, no debug sections, no .loc/.file directives, no
+    ``$L__tmp`` labels (debug markers of inlined calls, renumbered when a helper is factored out)."""
     body = ptx.split("\t.section\t.debug", 1)[0]
     lines = []
     for line in body.splitlines():
         line = re.sub(r"//.*", "", line).strip()
-        if line and not line.startswith((".loc", ".file", ".b8", ".b32")):
+        if line and not line.startswith((".loc", ".file", ".b8", ".b32", "$L__tmp")):
             lines.append(line)
     return lines
 

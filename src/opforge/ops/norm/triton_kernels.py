@@ -126,6 +126,19 @@ def _tile_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     tl.store(y_ptr + out_off, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _first_walk_chunk(x_row, r_row, s_row, c, ok, HAS_RES: tl.constexpr):
+    """x[c] (float32) on the looped variant's first walk, asking L2 to keep it; with HAS_RES,
+    x + residual rounded to the stored dtype, stored (kept in L2 for the second walk) and returned."""
+    v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if HAS_RES:
+        v += tl.load(r_row + c, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        total = v.to(s_row.dtype.element_ty)
+        tl.store(s_row + c, total, mask=ok, eviction_policy="evict_last")
+        v = total.to(tl.float32)
+    return v
+
+
 @triton.jit(do_not_specialize=["rows", "x_inner", "r_inner"])
 def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
                    x_inner, x_so, x_si, r_inner, r_so, r_si, eps,
@@ -147,12 +160,7 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     # little, and the two sums of a chunk are one reduction of pairs.
     shift = 0.0
     ok = cols < n
-    v = tl.load(x_row + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    if HAS_RES:
-        v += tl.load(r_row + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        total = v.to(s_ptr.dtype.element_ty)
-        tl.store(s_row + cols, total, mask=ok, eviction_policy="evict_last")
-        v = total.to(tl.float32)
+    v = _first_walk_chunk(x_row, r_row, s_row, cols, ok, HAS_RES)
     if IS_RMS:
         s1 = tl.zeros((), tl.float32)
         s2 = tl.sum(v * v, axis=0)
@@ -162,12 +170,7 @@ def _looped_kernel(x_ptr, r_ptr, y_ptr, s_ptr, w_ptr, b_ptr, rows, n,
     for start in range(CHUNK, n, CHUNK):
         c = start + cols
         ok = c < n
-        v = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        if HAS_RES:
-            v += tl.load(r_row + c, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            total = v.to(s_ptr.dtype.element_ty)
-            tl.store(s_row + c, total, mask=ok, eviction_policy="evict_last")
-            v = total.to(tl.float32)
+        v = _first_walk_chunk(x_row, r_row, s_row, c, ok, HAS_RES)
         if IS_RMS:
             s2 += tl.sum(v * v, axis=0)
         else:
