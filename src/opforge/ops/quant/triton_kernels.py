@@ -112,6 +112,29 @@ def _load_codes(w_ptr, rows, n_mask, k0, K, k_words, stride_w, BITS: tl.constexp
 
 
 @triton.jit
+def _scales_and_zeros(s_ptr, z_ptr, g, N, rows, n_mask, zero_const: tl.constexpr, SYMMETRIC: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """Group ``g``'s float32 scales and zeros of ``rows`` (scales_t and zeros_t are (groups, N))."""
+    s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+    if SYMMETRIC:
+        z = tl.full((BLOCK_N,), zero_const, tl.float32)
+    else:
+        z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
+    return s, z
+
+
+@triton.jit
+def _add_group(acc, p, xs, s, zc, SWAP: tl.constexpr):
+    """acc + (p - zc xs) s: ``p`` the MMA sum of (code + offset) . x over one group, ``xs`` the sum of x
+    over it per row of x, ``zc`` (zero + offset) and ``s`` the scale per feature."""
+    if SWAP:
+        out = acc + (p - zc[:, None] * xs[None, :]) * s[:, None]
+    else:
+        out = acc + (p - xs[:, None] * zc[None, :]) * s[None, :]
+    return out
+
+
+@triton.jit
 def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_words, stride_xm, stride_w,
                 k_per_split, m_tiles, n_splits,
                 BITS: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, SYMMETRIC: tl.constexpr,
@@ -140,6 +163,7 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    x_sum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)   # PER_ROW: x summed over K, per column
     # over K tile indices, not K offsets: k0 = kt * BLOCK_K is then known to be a multiple of
     # BLOCK_K, so the int4 word index k0 // 8 is aligned for 16-byte copies (a loop over offsets
     # from pid_k * k_per_split gave 8-byte cp.async per sm_90 SASS)
@@ -153,22 +177,26 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
         if F32_DOT:
             x = x.to(tl.float32)
             c = c.to(tl.float32)
-        if SWAP:
-            p = tl.dot(c, tl.trans(x))
+        if PER_ROW:
+            # one scale and zero per row: the MMAs accumulate (code + offset) . x over the whole
+            # K range (one chain the pipeline keeps in flight), the zero and scale apply once below
+            if SWAP:
+                acc = tl.dot(c, tl.trans(x), acc)
+            else:
+                acc = tl.dot(x, tl.trans(c), acc)
+            x_sum += x.to(tl.float32)
         else:
-            p = tl.dot(x, tl.trans(c))
-        xs = tl.sum(x.to(tl.float32), axis=1)                        # (BLOCK_M,)
-        g = 0 if PER_ROW else k0 // GROUP
-        s = tl.load(s_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)     # scales_t is (groups, N)
-        if SYMMETRIC:
-            z = tl.full((BLOCK_N,), zero_const, tl.float32)
-        else:
-            z = tl.load(z_ptr + g * N + rows, mask=n_mask, other=0.0).to(tl.float32)
-        # the whole K tile is one group (BLOCK_K divides it)
-        if SWAP:
-            acc += (p - (z + CODE_OFFSET)[:, None] * xs[None, :]) * s[:, None]
-        else:
-            acc += (p - xs[:, None] * (z + CODE_OFFSET)[None, :]) * s[None, :]
+            if SWAP:
+                p = tl.dot(c, tl.trans(x))
+            else:
+                p = tl.dot(x, tl.trans(c))
+            xs = tl.sum(x.to(tl.float32), axis=1)                        # (BLOCK_M,)
+            s, z = _scales_and_zeros(s_ptr, z_ptr, k0 // GROUP, N, rows, n_mask, zero_const, SYMMETRIC, BLOCK_N)
+            # the whole K tile is one group (BLOCK_K divides it)
+            acc = _add_group(acc, p, xs, s, z + CODE_OFFSET, SWAP)
+    if PER_ROW:
+        s, z = _scales_and_zeros(s_ptr, z_ptr, 0, N, rows, n_mask, zero_const, SYMMETRIC, BLOCK_N)
+        acc = _add_group(tl.zeros_like(acc), acc, tl.sum(x_sum, axis=1), s, z + CODE_OFFSET, SWAP)
     if SWAP:
         acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
