@@ -35,10 +35,11 @@ PREFILL_TMA_MIN_FLOPS = 4e10
 
 # causal prefill in 64x64 tiles, 4 warps, 3 stages (``CAUSAL_SMALL_TILES``) for these head dimensions, up
 # to this many keys (None: any). Smaller programs balance the triangle's uneven rows and mask a quarter
-# of the diagonal tile's scores. H200, bf16, vs cuDNN (results/h200/2026-11-27-2904e06): D = 128 through
-# descriptors 0.74 -> 0.84x at 1K keys, 0.82 -> 0.87x at 2K, 0.88 -> 0.87x at 4K, 0.98 -> 0.87x at 16K;
-# by pointers 0.72 -> 0.87x at 1K, 0.72 -> 0.83x at 2K. D = 64: 0.88 -> 0.93x (1K), 0.92 -> 0.95x (2K),
-# 0.94 -> 0.96x (4K), equal at 8K through descriptors; 0.79-0.80 -> 0.88-0.94x by pointers (1K-2K).
+# of the diagonal tile's scores. H100, bf16, vs cuDNN (results/h100/2026-11-27-171515d/prefill_sweep.json;
+# an H200 gave the same, results/h200/2026-11-27-2904e06): D = 128 through descriptors 0.75 -> 0.84x at
+# 1K keys, 0.82 -> 0.86x at 2K, 0.88 -> 0.86x at 4K, 0.95 -> 0.82x at 16K; by pointers 0.71 -> 0.85x
+# at 1K, 0.72 -> 0.83x at 2K. D = 64: 0.87 -> 0.93x (1K), 0.92 -> 0.95-0.97x (2K), 0.95 -> 0.96x (4K)
+# through descriptors; 0.79-0.81 -> 0.87-0.92x by pointers (1K-2K).
 CAUSAL_SMALL_TILES = (64, 64, 4, 3)
 CAUSAL_SMALL_TILES_MAX_KEYS = {64: None, 128: 2048}
 
