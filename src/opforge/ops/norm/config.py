@@ -17,9 +17,10 @@ LOOP_CHUNK = 32768
 
 #: Layer norm's shift in the one-row program from this row width (BLOCK_N) on, without a
 #: residual: the row's first value instead of its mean, so the sums no longer wait for a reduction
-#: of the whole row. % of copy bf16 / fp16, H100 (``results/h100/2026-11-27-17514de``, the candidate
-#: probed): layer_norm 2048x32768 86 / 86 -> 90 / 91 (one program per SM there: nothing hides an
-#: exchange); H200 (``results/h200/2026-11-27-2904e06``) 66 / 65 -> 72 / 75. Not below
+#: of the whole row. % of copy bf16 / fp16, H100: layer_norm 2048x32768 85 / 84 -> 89.8 / 91.1
+#: (``results/h100/2026-11-27-171515d``; one program per SM there: nothing hides an exchange); H200
+#: (``results/h200/2026-11-27-2904e06``) 66 / 65 -> 72 / 75. Measured for the rules below on the
+#: H100 with every variant shifted (``results/h100/2026-11-27-17514de``). Not below
 #: it: at 4096x16384 the shift's registers allow one program per SM instead of two (92 -> 74-76);
 #: not on narrow rows (multirow, 88-90 -> 87-88), not with a residual (add_layer_norm 2048x32768
 #: 93-94 -> 90-91), not in the looped variant (no gain at 1024x65536).
