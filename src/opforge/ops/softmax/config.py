@@ -37,7 +37,7 @@ def row_config(n: int) -> tuple[int, int, int]:
 def looped_config(elem_size: int, n: int) -> tuple[int, int]:
     """(CHUNK, num_warps) for the looped variant: 16 KiB steps for rows up to 65536 elements,
     32 KiB beyond; 16 warps (a step shorter than 8192 elements: one warp per 512 of them, see
-    ``launch_looped``). H100, 1024x65536 (``results/h100/2026-11-27-XXXXXXX``): 16 warps on 8192-element
+    ``launch_looped``). H100, 1024x65536 (``results/h100/2026-11-27-c62943e``): 16 warps on 8192-element
     steps 87.5 / 87.6% of copy (bf16 / fp16) where 8 warps gave 85.8 / 77.3%.
 
     Example:
