@@ -6,8 +6,9 @@ Two forms of each op:
   for float64 inputs) with a mean subtracted twice; on ``.double()`` tensors they are the oracle;
 * ``fast_run`` calls PyTorch's fused ``F.layer_norm`` / ``F.rms_norm`` (float32 accumulation
   inside, one rounding of the output), several times fewer launches than the composite. In
-  float32 the layer norms subtract the row mean first: ``F.layer_norm`` alone loses digits on
-  rows whose mean is large against their spread (3.5e-4 relative error at mean 1e4, unit spread).
+  float32 (and for rows of one value) the layer norms subtract the row mean first:
+  ``F.layer_norm`` alone loses digits on rows whose mean is large against their spread (3.5e-4
+  relative error at mean 1e4, unit spread; a float16 row of one value 1% off its bias).
 
 ``run`` picks the careful form for float64 inputs and the fast one otherwise; both agree to
 the input dtype's rounding (tests/ops/norm/test_norm_torch_path.py).
@@ -85,7 +86,12 @@ def _fast_norm(is_rms: bool, x: torch.Tensor, weight: Optional[torch.Tensor], bi
                             eps).to(dtype)
     if is_rms:
         return F.rms_norm(x, shape, weight, eps)
-    if dtype == torch.float32:  # F.layer_norm alone loses digits on rows of large mean: centre first
+    # F.layer_norm alone loses digits on rows whose mean is large against their spread (it folds
+    # the mean into a shift of x * rstd): float32 3.5e-4 at mean 1e4, unit spread, so float32 rows
+    # are centred first. In float16 / bfloat16 the output's rounding hides that, except where the
+    # spread is 0: a row of one value came out up to 1% off its bias, so those rows are centred
+    # too (x - x: exactly 0, NaN kept). Centring every half row would double the CPU path's time.
+    if dtype == torch.float32 or shape[0] == 1:
         x = x - x.mean(dim=-1, keepdim=True)
     return F.layer_norm(x, shape, weight, bias, eps)
 
