@@ -152,7 +152,6 @@ def qmm(call: LinearCall) -> torch.Tensor:
     return epilogue.finish(out, call)
 
 
-
 def _reason(p: LinearProblem) -> Optional[str]:
     if p.dense:
         return "w is dense (torch's F.linear runs it)"
