@@ -96,19 +96,16 @@ ROWS_LATER = (1, 2, 4, 8, 32)   # M = 1: "planes" is the GEMV reading the planes
 #: rows they are timed at (the default tiles are always timed).
 FORMS: dict[str, tuple[dict, tuple]] = {
     "planes mma": ({}, (1,)),   # the planes kernel itself where the GEMV takes the planes layout
-    "planes no-asm": ({"asm": False}, (16, 64)),
-    "planes fixup": ({"fixup": True}, (16, 64)),
-    "planes pps2": ({"programs_per_sm": 2}, (16,)),
-    "planes pps8": ({"programs_per_sm": 8}, (16,)),
-    "planes (64,4,3) pps3": ({"config": (64, 64, 4, 3, 3)}, (64,)),
-    "planes pps4": ({"programs_per_sm": 4}, (64,)),
-    "planes bm64 (128,8,3)": ({"config": (64, 128, 8, 3, 2)}, (32,)),
-    "planes (128,8,4)": ({"config": (32, 128, 8, 4, 2)}, (32,)),
-    # 256 features: x re-read half as often again (at M = 64 about 2 bytes of x per weight byte
-    # with 128 features); 255 registers x 256 threads: one program per SM
-    "planes (256,8,3) pps1": ({"config": (64, 256, 8, 3, 1)}, (64,)),
-    "planes s3": ({"config": (16, 64, 4, 3)}, (16,)),
-    "planes s6": ({"config": (16, 64, 4, 6)}, (16,)),
+    # config: (BLOCK_M, BLOCK_N, warps, stages, programs per SM, chunks per step, scale ahead)
+    "planes w4 s4": ({"config": (16, 64, 4, 4, 4, 1, False)}, (8, 16)),        # one warpgroup
+    "planes w2 c2": ({"config": (16, 64, 2, 3, 4, 2, False)}, (8, 16)),        # two warps, mma.sync
+    "planes w2 c2 pps8": ({"config": (16, 64, 2, 3, 8, 2, False)}, (16,)),
+    "planes (128,2,3) c2": ({"config": (16, 128, 2, 3, 4, 2, False)}, (16,)),
+    "planes (128,4,4)": ({"config": (16, 128, 4, 4, 4, 1, False)}, (16,)),
+    "planes m32 w2 c2": ({"config": (32, 64, 2, 3, 4, 2, False)}, (32,)),
+    "planes m32 (128,4,4)": ({"config": (32, 128, 4, 4, 4, 1, False)}, (32,)),
+    "planes m64 (128,8,3) no ahead": ({"config": (64, 128, 8, 3, 2, 1, False)}, (64,)),
+    "planes m64 (256,8,3) ahead": ({"config": (64, 256, 8, 3, 1, 1, True)}, (64,)),
 }
 RESULTS: dict[str, Any] = {"rows": [], "errors": [], "skipped": [], "checks": []}
 
@@ -222,15 +219,17 @@ def ptx_report() -> int:
     ints = ("M", "N", "stride_xm", "stride_w", "chunks_per_split", "n_chunks", "m_tiles", "n_splits")
     aligned = ("x_ptr", "w_ptr", "gw_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
     failures = 0
-    for (block_m, block_n, warps, stages), asm, x, group in [
-            ((16, 64, 4, 4), True, "bf16", 128), ((16, 64, 4, 4), False, "bf16", 128),
-            ((16, 64, 4, 4), True, "fp16", 128), ((16, 64, 4, 4), True, "bf16", 32),
-            ((32, 64, 4, 4), True, "bf16", 128), ((64, 128, 8, 3), True, "bf16", 128),
-            ((64, 64, 4, 3), True, "bf16", 128), ((16, 64, 4, 6), True, "bf16", 128),
-            ((16, 128, 8, 4), True, "bf16", 128), ((32, 128, 8, 4), True, "bf16", 128),
-            ((64, 256, 8, 3), True, "bf16", 128)]:
+    for (block_m, block_n, warps, stages), asm, x, group, chunks in [
+            ((16, 64, 2, 3), True, "bf16", 128, 2), ((16, 64, 2, 3), False, "bf16", 128, 2),
+            ((16, 64, 2, 3), True, "fp16", 128, 2), ((16, 64, 2, 3), True, "bf16", 32, 2),
+            ((16, 64, 4, 4), True, "bf16", 128, 1), ((16, 128, 4, 4), True, "bf16", 128, 1),
+            ((16, 128, 2, 3), True, "bf16", 128, 2), ((32, 64, 4, 4), True, "bf16", 128, 1),
+            ((32, 64, 2, 3), True, "bf16", 128, 2), ((32, 128, 4, 4), True, "bf16", 128, 1),
+            ((64, 128, 8, 3), True, "bf16", 128, 1), ((64, 64, 4, 3), True, "bf16", 128, 1),
+            ((64, 256, 8, 3), True, "bf16", 128, 1)]:
         consts = dict(GROUP=group, PER_ROW=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False, F32_DOT=False,
-                      CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm, PDL=False)
+                      CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm, PDL=False,
+                      CHUNKS=chunks)
         sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*" + x,
                "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
         sig.update({a: "i32" for a in ints})
@@ -242,13 +241,13 @@ def ptx_report() -> int:
                                                                                  "num_stages": stages})
         except Exception as exc:
             failures += 1
-            label = f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x} g{group}"
+            label = f"({block_m}, {block_n}) w{warps} s{stages} c{chunks} asm={asm} {x} g{group}"
             print(f"{label}: {type(exc).__name__}: {exc}"[:400])
             continue
         ttgir = compiled.asm["ttgir"]
         loop = ttgir[ttgir.index("scf.for"):]
         loop = loop[:loop.index("scf.yield")]
-        print(f"({block_m}, {block_n}) w{warps} s{stages} asm={asm} {x} g{group}: {report(compiled)}, in the K loop "
+        print(f"({block_m}, {block_n}) w{warps} s{stages} c{chunks} asm={asm} {x} g{group}: {report(compiled)}, in the K loop "
               f"{loop.count('ttg.local_alloc')} local_alloc (codes through shared memory), "
               f"{loop.count('async_copy_global_to_local')} pipelined copies, {loop.count('tt.load')} plain loads",
               flush=True)
@@ -262,6 +261,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=120.0,
                         help="no new M row starts after this many seconds (the M = 16/64 pass always completes)")
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
+    parser.add_argument("--rows", default="", help="comma-separated M to time (default: 16,64 then 1,2,4,8,32)")
+    parser.add_argument("--name", default="int4_candidate.json", help="the JSON file's name")
     args = parser.parse_args()
     if args.ptx:
         return ptx_report()
@@ -270,14 +271,15 @@ def main() -> int:
     RESULTS["device"] = "cpu smoke" if smoke else torch.cuda.get_device_name()
     deadline = time.time() + args.budget
     shapes = [(96, 256, "smoke")] if smoke else SHAPES_1B + SHAPES_8B
-    for ms in (ROWS_FIRST, ROWS_LATER):
+    passes = (tuple(int(m) for m in args.rows.split(",")),) if args.rows else (ROWS_FIRST, ROWS_LATER)
+    for ms in passes:
         for n, k, label in shapes:
             shape_rows(n, k, label, ms if not smoke else tuple(m for m in ms if m in (2, 16, 64)), device,
                        deadline, smoke)
     lines = summary()
     print("\n".join(lines))
     RESULTS["summary"] = lines
-    write_json(RESULTS, "int4_candidate.json", args.out)
+    write_json(RESULTS, args.name, args.out)
     print("errors:", RESULTS["errors"] or "none", "| skipped:", RESULTS["skipped"] or "none")
     return 1 if RESULTS["errors"] and smoke else 0
 

@@ -175,6 +175,20 @@ def test_split_k_bias_and_strided_rows(fixup):
     assert y.shape == (2, 3, 64) and rel_error(y.reshape(6, 64), oracle(x, qw, bias)) < TOLERANCE[torch.float16]
 
 
+@pytest.mark.parametrize("k, group_size, chunks, ahead", [
+    (512, 128, 2, False), (512, 128, 2, True), (384, 128, 2, True), (512, 32, 2, True), (640, -1, 2, True),
+    (384, 64, 1, True)])
+def test_chunks_per_step_and_scales_ahead_across_splits(k, group_size, chunks, ahead):
+    """Two chunks per loop step (an odd chunk count steps one at a time), each group's scale
+    loaded a chunk early (only with one group per chunk), over K splits of several chunks each."""
+    qw, pw = planes_weight(80, k, group_size, seed=k + chunks)
+    x = torch.randn(16, k, device=DEVICE, dtype=torch.bfloat16)
+    call = prepare(x, pw, None)
+    for pps in (4, 64):     # one split per tile, and K split as far as the tiles allow
+        out = planes.launch_planes(call, (16, 64, 2, 3, pps, chunks, ahead))
+        assert rel_error(out, oracle(x, qw)) < TOLERANCE[torch.bfloat16]
+
+
 def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     qw, pw = planes_weight(64, 256)
     x = torch.randn(16, 256, device=DEVICE, dtype=torch.float16)

@@ -28,8 +28,9 @@ What this variant changes, each checked in the sm_90 TTGIR/PTX (``int4_candidate
   the two 16-bit values), a 2-D tile that the software pipeline copies ahead with the codes.
 
 Tiles (``planes_config``): the weight is the MMA's first operand (out^T = W x^T); BLOCK_M the
-power of two >= M (16..64); ``PLANES_TILES`` by BLOCK_M; K split as the other dot kernels,
-partials added by the combine kernel (or, ``fixup``, by the last split in the kernel).
+power of two >= M (16..64); ``PLANES_TILES`` by BLOCK_M (two warps, mma.sync, two chunks per
+loop step at 16 rows); K split as the other dot kernels, partials added by the combine kernel
+(or, ``fixup``, by the last split in the kernel).
 """
 from __future__ import annotations
 
@@ -51,24 +52,38 @@ from .weight import PLANE_CHUNK
 
 #: BLOCK_M of the planes kernel is the power of two >= M within 16..``PLANES_MAX_BLOCK_M``.
 PLANES_MAX_BLOCK_M = 64
-#: (BLOCK_N, num_warps, num_stages, programs per SM that K splits aim at) by BLOCK_M
-#: (``planes_config``), first chosen without a GPU from the sm_90 compile (``benchmarks/tools/
-#: int4_candidate.py --ptx``). 16/32 rows: one warpgroup on 64 features, 4 stages (63/87
-#: registers, 29/46 KB shared: 4+ programs fit an SM), splits aiming at 4 programs per SM as the
-#: other dot kernels. 64 rows: two warpgroups on 128 features, which halves the re-reads of x
-#: per weight byte against 64 features, 3 stages (128 registers x 256 threads, 66 KB: 2 programs
-#: per SM fit, so splits aim at 2: more would run a second wave). 16 rows on 128 features with 8
-#: warps sent the codes through shared memory: not used. In each chosen tile the codes' words
-#: go from shared memory straight into the MMA's operand layout (no local_alloc in the K loop).
-PLANES_TILES = {16: (64, 4, 4, 4), 32: (64, 4, 4, 4), 64: (128, 8, 3, 2)}
+#: (BLOCK_N, num_warps, num_stages, programs per SM that K splits aim at, chunks per loop step,
+#: scale ahead) by BLOCK_M (``planes_config``). Chunks per step: 128-code chunks each loop step
+#: reads (``CHUNKS``: half the barriers per code at 2, 128 contiguous bytes of each row). Scale
+#: ahead: each group's scale loaded a chunk early (``SCALE_AHEAD``; the pipeline copies the
+#: zero's word but leaves the scale's a plain load where the two layouts differ).
+#: 16 rows (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``results/h100/2026-11-27-
+#: 3ad0ee0/int4_forms.json``): two warps on 64 features, two chunks per step, 3 stages. Two warps
+#: run mma.sync; four run wgmma, and Triton waits for each wgmma before the next here (sm_90 PTX:
+#: the MMA sum is scaled per group, so no accumulator is carried over the loop). Against the
+#: earlier one warpgroup x 64 features x 4 stages: 1B lm_head 81.5 -> 65.5 us, 1B gate_up 14.1 ->
+#: 12.3, 8B down 24.4 -> 21.7, 8B gate_up 41.2 -> 38.2, 8B o 10.7 -> 9.5. Two warps with one chunk
+#: per step or 4 warps with two: each alone 0-14% (one warpgroup with two chunks: 8B gate_up
+#: 46.5 us, slower).
+#: 32 rows: one warpgroup on 64 features, 4 stages (two warps: 1.0-1.4x slower). 64 rows: two
+#: warpgroups on 128 features (x re-read half as often per weight byte as on 64), 3 stages,
+#: scale ahead (1B gate_up 21.5 -> 17.9 us, 8B qkv 20.0 -> 19.1), splits for 2 programs per SM.
+PLANES_TILES = {16: (64, 2, 3, 4, 2, False), 32: (64, 4, 4, 4, 1, False), 64: (128, 8, 3, 2, 1, True)}
+#: 16-row tiles where K >= 4096 on weights of at most ``PLANES_TILES_16_WIDE_MAX_NK`` elements (1B
+#: down, 8B qkv and o): one warpgroup on 128 features, 4 stages (same run: 10.8 -> 9.3, 12.5 ->
+#: 11.2, 9.5 -> 8.4 us); the few feature tiles there split K many ways, and 128 features halve the
+#: x each split re-reads.
+PLANES_TILES_16_WIDE = (128, 4, 4, 4, 1, False)
+PLANES_TILES_16_WIDE_MIN_K = 4096
+PLANES_TILES_16_WIDE_MAX_NK = 32 * 2 ** 20
 #: 64-row tiles by the weight's size N*K (H100, CUDA graphs over L2-cold weights, bf16 x, g128,
 #: M=64, ``results/h100/2026-11-27-547b7e0``): up to 16*2**20 elements (1B down, 8B o) 64 features,
 #: 4 warps, splits for 3 programs per SM: 16.3 vs 18.7 / 18.3 us; from 48*2**20 (8B down and
 #: gate_up, 1B lm_head) 256 features, 8 warps, no split: 30.7 vs 39.0, 46.8 vs 61.7, 96.5 vs 123.3.
 #: Between them (1B gate_up, 8B qkv) ``PLANES_TILES[64]`` was best.
-PLANES_TILES_64_SMALL = (64, 4, 3, 3)
+PLANES_TILES_64_SMALL = (64, 4, 3, 3, 1, False)
 PLANES_TILES_64_SMALL_MAX_NK = 16 * 2 ** 20
-PLANES_TILES_64_LARGE = (256, 8, 3, 1)
+PLANES_TILES_64_LARGE = (256, 8, 3, 1, 1, False)
 PLANES_TILES_64_LARGE_MIN_NK = 48 * 2 ** 20
 #: A planes weight runs the decode variant's GEMV (it reads the planes layout, groups of >= 128)
 #: up to this many rows; from 2 rows the planes kernel with 16 padded rows is faster (same run,
@@ -93,10 +108,22 @@ def _group_params(gw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr):
     a 16-bit scale, OR the zero). A 2-D tile of 4-byte words: the software pipeline copies it
     ahead like the codes (sm_90 TTGIR; 1-D loads of 2-byte scales and zeros stay loads each step
     waits on)."""
+    word = _group_word(gw_ptr, rows, n_mask, N, g, PER_ROW)
+    return _word_scale(word), word & 0xF
+
+
+@triton.jit
+def _group_word(gw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr):
+    """Group ``g``'s (0 for one group per row) (BLOCK_N, 1) int32 words (``weight.group_words``)."""
     if PER_ROW:
         g = 0
-    word = tl.load(gw_ptr + g * N + rows[:, None], mask=n_mask[:, None], other=0)
-    return (word & -16).to(tl.float32, bitcast=True), word & 0xF
+    return tl.load(gw_ptr + g * N + rows[:, None], mask=n_mask[:, None], other=0)
+
+
+@triton.jit
+def _word_scale(word):
+    """The float32 scale of a group word (its low 4 bits hold the zero)."""
+    return (word & -16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -157,11 +184,14 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
                    GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
                    PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   ASM: tl.constexpr = False, PDL: tl.constexpr = False):
+                   ASM: tl.constexpr = False, PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1,
+                   SCALE_AHEAD: tl.constexpr = False):
     """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
     one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
     columns 16i .. 16i+15 against the matching (BLOCK_M, 16) slice of x. Each group's MMA sum
-    (float32) is multiplied by its scales and added to the accumulator."""
+    (float32) is multiplied by its scales and added to the accumulator. Each loop step takes
+    CHUNKS chunks (it divides the split's chunks); SCALE_AHEAD (one group per chunk) loads the
+    next chunk's scales a step early."""
     pdl.wait_for_previous(PDL)
     PPG: tl.constexpr = 8 if (PER_ROW or GROUP >= 128) else GROUP // 16     # planes per group
     pid = tl.program_id(0)
@@ -178,14 +208,24 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
     q_start = pid_k * chunks_per_split
     q_end = tl.minimum(n_chunks, q_start + chunks_per_split)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for q in range(q_start, q_end):
-        words = tl.load(w_rows + q * 16, mask=n_mask[:, None], other=0)
-        for h in tl.static_range(8 // PPG):                  # the groups of this chunk
-            # loaded in the loop, not a chunk ahead: a zero carried across iterations took a
-            # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
-            s, z = _group_params(gw_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW)
-            part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M, BLOCK_N)
-            acc += part * s
+    AHEAD: tl.constexpr = SCALE_AHEAD and PPG == 8
+    if AHEAD:
+        s_next = _word_scale(_group_word(gw_ptr, rows, n_mask, N, (q_start * 128) // GROUP, PER_ROW))
+    for q0 in range(q_start, q_end, CHUNKS):                 # CHUNKS divides the split's chunks
+        for c in tl.static_range(CHUNKS):
+            q = q0 + c
+            words = tl.load(w_rows + q * 16, mask=n_mask[:, None], other=0)
+            for h in tl.static_range(8 // PPG):                  # the groups of this chunk
+                # loaded in the loop, not a chunk ahead: a zero carried across iterations took a
+                # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
+                s, z = _group_params(gw_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW)
+                if AHEAD:
+                    s = s_next
+                    q_next = tl.minimum(q + 1, q_end - 1)
+                    s_next = _word_scale(_group_word(gw_ptr, rows, n_mask, N, (q_next * 128) // GROUP, PER_ROW))
+                part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M,
+                                   BLOCK_N)
+                acc += part * s
     acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
@@ -194,20 +234,25 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
 _planes = TritonLauncher(_planes_kernel)
 
 
-def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM) of the planes kernel: BLOCK_M
-    the power of two >= M within 16..64 (more rows run several M tiles), the rest from
-    ``PLANES_TILES`` (64 rows: by the weight's size, ``PLANES_TILES_64_SMALL`` / ``_LARGE``).
+def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM, chunks per step, scale ahead) of
+    the planes kernel: BLOCK_M the power of two >= M within 16..64 (more rows run several M tiles),
+    the rest from ``PLANES_TILES`` (16 rows: ``PLANES_TILES_16_WIDE`` where K >= 4096 on weights of
+    at most 32M elements; 64 rows: by the weight's size, ``PLANES_TILES_64_SMALL`` / ``_LARGE``).
 
     Example:
+        >>> planes_config(LinearProblem(torch.bfloat16, 5, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
+        (16, 64, 2, 3, 4, 2, False)
         >>> planes_config(LinearProblem(torch.bfloat16, 5, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
-        (16, 64, 4, 4, 4)
+        (16, 128, 4, 4, 4, 1, False)
         >>> planes_config(LinearProblem(torch.bfloat16, 40, 6144, 4096, 4, 128, False, False, "cuda", "planes"))
-        (64, 128, 8, 3, 2)
+        (64, 128, 8, 3, 2, 1, True)
         >>> planes_config(LinearProblem(torch.bfloat16, 64, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
-        (64, 256, 8, 3, 1)
+        (64, 256, 8, 3, 1, 1, False)
     """
     block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
+    if block_m == 16 and p.k >= PLANES_TILES_16_WIDE_MIN_K and p.n * p.k <= PLANES_TILES_16_WIDE_MAX_NK:
+        return (block_m,) + PLANES_TILES_16_WIDE
     if block_m == 64 and p.n * p.k <= PLANES_TILES_64_SMALL_MAX_NK:
         return (block_m,) + PLANES_TILES_64_SMALL
     if block_m == 64 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
@@ -231,19 +276,24 @@ def planes_dequant(p: LinearProblem) -> bool:
 def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: Optional[int] = None,
                   fixup: bool = False, asm: Optional[bool] = None) -> torch.Tensor:
     """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit
-    (BLOCK_M, BLOCK_N, warps, stages[, programs per SM]); K splits aim at ``programs_per_sm``
-    (default: the config's); ``fixup`` adds the split partials in the kernel (the last split of
-    a tile) instead of the combine kernel; ``asm`` unpacks two codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except
-    under the interpreter, which has no inline PTX)."""
+    (BLOCK_M, BLOCK_N, warps, stages[, programs per SM[, chunks per step[, scale ahead]]]);
+    K splits aim at ``programs_per_sm`` (default: the config's); ``fixup`` adds the split partials
+    in the kernel (the last split of a tile) instead of the combine kernel; ``asm`` unpacks two
+    codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except under the interpreter,
+    which has no inline PTX). Two chunks per step need an even number of chunks (K / 128); with an
+    odd number the kernel steps one chunk at a time."""
     p, w, x = call.problem, call.w, call.x
     config = tuple(config or planes_config(p))
     block_m, block_n, warps, stages = config[:4]
     pps = programs_per_sm or (config[4] if len(config) > 4 else PROGRAMS_PER_SM)
+    chunks = config[5] if len(config) > 5 else 1
+    scale_ahead = bool(config[6]) if len(config) > 6 else False
     per_row = w.group_size == -1 or w.group >= p.k
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
     byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
-    split, k_per_split = _split(tiles, p.k, PLANE_CHUNK, x.device, pps, min(MAX_SPLIT, byte_cap))
+    chunks = chunks if (p.k // PLANE_CHUNK) % chunks == 0 else 1
+    split, k_per_split = _split(tiles, p.k, chunks * PLANE_CHUNK, x.device, pps, min(MAX_SPLIT, byte_cap))
     out = alloc.empty((p.m, p.n), x.dtype, x.device)
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
@@ -257,7 +307,7 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     _planes((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
                              w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
                              w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
-                             asm, dependent),
+                             asm, dependent, chunks, scale_ahead),
             num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         mn = p.m * p.n
