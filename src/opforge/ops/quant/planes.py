@@ -58,24 +58,33 @@ PLANES_MAX_BLOCK_M = 64
 #: ahead: each group's scale loaded a chunk early (``SCALE_AHEAD``; the pipeline copies the
 #: zero's word but leaves the scale's a plain load where the two layouts differ).
 #: 16 rows (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``results/h100/2026-11-27-
-#: 3ad0ee0/int4_forms.json``): two warps on 64 features, two chunks per step, 3 stages. Two warps
+#: 1797308/int4_forms.json``): two warps on 64 features, two chunks per step, 3 stages. Two warps
 #: run mma.sync; four run wgmma, and Triton waits for each wgmma before the next here (sm_90 PTX:
 #: the MMA sum is scaled per group, so no accumulator is carried over the loop). Against the
 #: earlier one warpgroup x 64 features x 4 stages: 1B lm_head 81.5 -> 65.5 us, 1B gate_up 14.1 ->
 #: 12.3, 8B down 24.4 -> 21.7, 8B gate_up 41.2 -> 38.2, 8B o 10.7 -> 9.5. Two warps with one chunk
 #: per step or 4 warps with two: each alone 0-14% (one warpgroup with two chunks: 8B gate_up
 #: 46.5 us, slower).
-#: 32 rows: one warpgroup on 64 features, 4 stages (two warps: 1.0-1.4x slower). 64 rows: two
-#: warpgroups on 128 features (x re-read half as often per weight byte as on 64), 3 stages,
-#: scale ahead (1B gate_up 21.5 -> 17.9 us, 8B qkv 20.0 -> 19.1), splits for 2 programs per SM.
+#: 32 rows: one warpgroup on 64 features, 4 stages (two warps: 1.0-1.4x slower; wider tiles
+#: below). 64 rows: two warpgroups on 128 features (x re-read half as often per weight byte as on
+#: 64), 3 stages, scale ahead (1B gate_up 21.5 -> 17.9 us, 8B qkv 20.0 -> 19.1), splits for 2
+#: programs per SM.
 PLANES_TILES = {16: (64, 2, 3, 4, 2, False), 32: (64, 4, 4, 4, 1, False), 64: (128, 8, 3, 2, 1, True)}
-#: 16-row tiles where K >= 4096 on weights of at most ``PLANES_TILES_16_WIDE_MAX_NK`` elements (1B
+#: 9-16 rows where K >= 4096 on weights of at most ``PLANES_TILES_16_WIDE_MAX_NK`` elements (1B
 #: down, 8B qkv and o): one warpgroup on 128 features, 4 stages (same run: 10.8 -> 9.3, 12.5 ->
-#: 11.2, 9.5 -> 8.4 us); the few feature tiles there split K many ways, and 128 features halve the
-#: x each split re-reads.
+#: 11.2, 9.5 -> 8.4 us; a second run 9.2, 11.2, 8.4): the few feature tiles there split K many
+#: ways, and 128 features halve the x each split re-reads. At 8 rows the same tile lost (1B down
+#: 9.6 -> 14.5 us, 8B o 8.4 -> 10.0, ``int4_forms2.json``), so up to 8 rows keep two warps.
 PLANES_TILES_16_WIDE = (128, 4, 4, 4, 1, False)
+PLANES_TILES_16_WIDE_MIN_M = 9
 PLANES_TILES_16_WIDE_MIN_K = 4096
 PLANES_TILES_16_WIDE_MAX_NK = 32 * 2 ** 20
+#: 17-32 rows on weights of at least ``PLANES_TILES_32_WIDE_MIN_NK`` elements: one warpgroup on
+#: 128 features (``int4_forms2.json``: 1B lm_head 100.7 -> 77.1 us, 8B qkv 15.3 -> 13.1, 8B o
+#: 11.0 -> 9.8, 1B down 11.3 -> 10.2, the rest within 3%; on 1B qkv and o, 6M and 4M elements,
+#: 7.6 -> 8.4 and 7.3 -> 8.2: those keep 64 features).
+PLANES_TILES_32_WIDE = (128, 4, 4, 4, 1, False)
+PLANES_TILES_32_WIDE_MIN_NK = 16 * 2 ** 20
 #: 64-row tiles by the weight's size N*K (H100, CUDA graphs over L2-cold weights, bf16 x, g128,
 #: M=64, ``results/h100/2026-11-27-547b7e0``): up to 16*2**20 elements (1B down, 8B o) 64 features,
 #: 4 warps, splits for 3 programs per SM: 16.3 vs 18.7 / 18.3 us; from 48*2**20 (8B down and
@@ -237,22 +246,30 @@ _planes = TritonLauncher(_planes_kernel)
 def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM, chunks per step, scale ahead) of
     the planes kernel: BLOCK_M the power of two >= M within 16..64 (more rows run several M tiles),
-    the rest from ``PLANES_TILES`` (16 rows: ``PLANES_TILES_16_WIDE`` where K >= 4096 on weights of
-    at most 32M elements; 64 rows: by the weight's size, ``PLANES_TILES_64_SMALL`` / ``_LARGE``).
+    the rest from ``PLANES_TILES`` (9-16 rows: ``PLANES_TILES_16_WIDE`` where K >= 4096 on weights
+    of at most 32M elements; 17-32 rows: ``PLANES_TILES_32_WIDE`` from 16M elements; 64 rows: by
+    the weight's size, ``PLANES_TILES_64_SMALL`` / ``_LARGE``).
 
     Example:
-        >>> planes_config(LinearProblem(torch.bfloat16, 5, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
+        >>> planes_config(LinearProblem(torch.bfloat16, 16, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
         (16, 64, 2, 3, 4, 2, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 5, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        >>> planes_config(LinearProblem(torch.bfloat16, 16, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
         (16, 128, 4, 4, 4, 1, False)
+        >>> planes_config(LinearProblem(torch.bfloat16, 8, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        (16, 64, 2, 3, 4, 2, False)
+        >>> planes_config(LinearProblem(torch.bfloat16, 24, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        (32, 128, 4, 4, 4, 1, False)
         >>> planes_config(LinearProblem(torch.bfloat16, 40, 6144, 4096, 4, 128, False, False, "cuda", "planes"))
         (64, 128, 8, 3, 2, 1, True)
         >>> planes_config(LinearProblem(torch.bfloat16, 64, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
         (64, 256, 8, 3, 1, 1, False)
     """
     block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
-    if block_m == 16 and p.k >= PLANES_TILES_16_WIDE_MIN_K and p.n * p.k <= PLANES_TILES_16_WIDE_MAX_NK:
+    if (block_m == 16 and p.m >= PLANES_TILES_16_WIDE_MIN_M and p.k >= PLANES_TILES_16_WIDE_MIN_K
+            and p.n * p.k <= PLANES_TILES_16_WIDE_MAX_NK):
         return (block_m,) + PLANES_TILES_16_WIDE
+    if block_m == 32 and p.n * p.k >= PLANES_TILES_32_WIDE_MIN_NK:
+        return (block_m,) + PLANES_TILES_32_WIDE
     if block_m == 64 and p.n * p.k <= PLANES_TILES_64_SMALL_MAX_NK:
         return (block_m,) + PLANES_TILES_64_SMALL
     if block_m == 64 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
