@@ -122,7 +122,7 @@ def test_repack_refuses_what_the_layout_cannot_hold(make, words):
 def test_planes_kernel_matches_the_weight_it_holds(m, group_size, symmetric, dtype):
     """Every BLOCK_M (16, 32, 64, several M tiles), groups smaller than, equal to and larger than
     the 128-code chunk, both zero kinds, both dtypes (the interpreter runs the MMA in float32);
-    also where the GEMV kernel (one row) or dequant+cuBLAS (small weights from 33 rows) runs by
+    also where the GEMV kernel (one row) or dequant+cuBLAS (small weights from 65 rows) runs by
     default."""
     qw, pw = planes_weight(96, 256, group_size, symmetric, seed=m)
     x = torch.randn(m, 256, device=DEVICE, dtype=dtype)
@@ -131,7 +131,8 @@ def test_planes_kernel_matches_the_weight_it_holds(m, group_size, symmetric, dty
     assert y.shape == (m, 96) and y.dtype == dtype
     assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
     by_default = planes.supports_planes(call.problem) is None
-    assert by_default == (m > 1 and not (m >= 33 and 96 * 256 <= planes.PLANES_DEQUANT_SMALL_NK))
+    small = 96 * 256 <= planes.PLANES_DEQUANT_SMALL_NK
+    assert by_default == (m > 1 and not (m >= planes.PLANES_DEQUANT_SMALL_MIN_M and small))
     if by_default:
         assert rel_error(run_planes(x, pw), oracle(x, qw)) < TOLERANCE[dtype]
 

@@ -9,7 +9,7 @@ Storage (what the kernels read; ``from_codes``/``dequantize`` hide it):
   ``opforge.models.load`` gives int4 weights on CUDA, ``preferred_layout``): per chunk of 128
   codes of a row, nibble ``i`` of word ``c`` holds column ``16i + c``, so nibble ``i`` of a word
   tile is one tensor-core K step (``opforge.ops.quant.planes``, the ``planes`` variant, 2..255 rows;
-  the GEMV reads it at one row, dequant+cuBLAS from 256 rows and on small weights from 33). Scale
+  the GEMV reads it at one row, dequant+cuBLAS from 256 rows and on small weights from 65). Scale
   and zero then also travel as one int32 per group and row (``group_words``, derived). H100
   (``quant_batch`` suite): 0.90-2.90x the rows layout at 2-128 rows (one shape slower, at 2 rows),
   0.89-1.06x at one row (the 1B decoder at batch 1: 0.91x).

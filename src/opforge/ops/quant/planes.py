@@ -2,7 +2,7 @@
 (``weight.repack``), on tensor cores, M = 2..255 (more than 64 rows run several M tiles).
 The other kernels read the planes layout where they run better: the decode variant's GEMV at
 one row with groups of >= 128 (``planes_gemv``), dequant+cuBLAS (its dequantize kernel) on small
-weights from 33 rows and on every weight from 256 (``planes_dequant``).
+weights from 65 rows and on every weight from 256 (``planes_dequant``).
 
 What bounds the rows-layout dot kernel (``triton_kernels._qmm_kernel``, SWAP+JOIN; H100, CUDA
 graphs over L2-cold weights, at fed7445): M=16 8B gate_up 69 us for 62 MB of packed weight
@@ -85,12 +85,13 @@ PLANES_TILES_16_WIDE_MAX_NK = 32 * 2 ** 20
 #: 7.6 -> 8.4 and 7.3 -> 8.2: those keep 64 features).
 PLANES_TILES_32_WIDE = (128, 4, 4, 4, 1, False)
 PLANES_TILES_32_WIDE_MIN_NK = 16 * 2 ** 20
-#: 64-row tiles by the weight's size N*K (H100, CUDA graphs over L2-cold weights, bf16 x, g128,
-#: M=64, ``results/h100/2026-11-27-547b7e0``): up to 16*2**20 elements (1B down, 8B o) 64 features,
-#: 4 warps, splits for 3 programs per SM: 16.3 vs 18.7 / 18.3 us; from 48*2**20 (8B down and
-#: gate_up, 1B lm_head) 256 features, 8 warps, no split: 30.7 vs 39.0, 46.8 vs 61.7, 96.5 vs 123.3.
-#: Between them (1B gate_up, 8B qkv) ``PLANES_TILES[64]`` was best.
-PLANES_TILES_64_SMALL = (64, 4, 3, 3, 1, False)
+#: 33-64 rows by the weight's size N*K (H100, CUDA graphs over L2-cold weights, bf16 x, g128,
+#: M=64, ``results/h100/2026-11-27-547b7e0``): from 48*2**20 (8B down and gate_up, 1B lm_head) 256
+#: features, 8 warps, no split: 30.7 vs 39.0, 46.8 vs 61.7, 96.5 vs 123.3 us. Up to 16*2**20 (1B
+#: down, 8B o) two M tiles of 32 rows, one warpgroup on 128 features (``int4_forms3.json``: 16.4
+#: -> 14.8, 16.2 -> 14.1 us against 64 rows on 64 features). Between them (1B gate_up, 8B qkv)
+#: ``PLANES_TILES[64]`` was best.
+PLANES_TILES_64_SMALL = (32,) + PLANES_TILES_32_WIDE
 PLANES_TILES_64_SMALL_MAX_NK = 16 * 2 ** 20
 PLANES_TILES_64_LARGE = (256, 8, 3, 1, 1, False)
 PLANES_TILES_64_LARGE_MIN_NK = 48 * 2 ** 20
@@ -103,11 +104,14 @@ PLANES_GEMV_MAX_M = 1
 #: kernel pads x to 16 rows, so one row costs what two do, and on the 1B head (128256 x 2048)
 #: that was 72.4 us at M=2 against the GEMV's 82-87 at M=1 (``quant_batch``, H100).
 PLANES_MMA_MIN_N = 65536
-#: dequant+cuBLAS for a planes weight at M 33..64 on weights of at most this many elements
-#: (M=64 1B qkv: planes 14.1 us at best vs 12.1; 1B o 14.0 vs 10.0), and from
-#: ``problem.DEQUANT_GEMM_MIN_M`` rows on every weight.
+#: Weights of at most this many elements (1B qkv and o) run 17-64 rows as several 16-row tiles
+#: (``int4_forms3.json``, us: M=32 1B qkv 7.6 -> 6.7, 1B o 7.3 -> 5.7 against one 32-row tile;
+#: M=64 9.5 and 7.4 against dequant+cuBLAS's 12.8 and 10.4, which the small weights ran from 33
+#: rows before) ...
 PLANES_DEQUANT_SMALL_NK = 8 * 2 ** 20
-PLANES_DEQUANT_SMALL_MIN_M = 33
+#: ... and from this many rows dequant+cuBLAS (unmeasured for 16-row tiles beyond 64 rows), as
+#: every weight from ``problem.DEQUANT_GEMM_MIN_M`` rows.
+PLANES_DEQUANT_SMALL_MIN_M = 65
 
 
 @triton.jit
@@ -246,9 +250,10 @@ _planes = TritonLauncher(_planes_kernel)
 def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM, chunks per step, scale ahead) of
     the planes kernel: BLOCK_M the power of two >= M within 16..64 (more rows run several M tiles),
-    the rest from ``PLANES_TILES`` (9-16 rows: ``PLANES_TILES_16_WIDE`` where K >= 4096 on weights
-    of at most 32M elements; 17-32 rows: ``PLANES_TILES_32_WIDE`` from 16M elements; 64 rows: by
-    the weight's size, ``PLANES_TILES_64_SMALL`` / ``_LARGE``).
+    the rest from ``PLANES_TILES``; weights of at most 8M elements run 16-row tiles at any M;
+    9-16 rows ``PLANES_TILES_16_WIDE`` where K >= 4096 on weights of at most 32M elements; 17-32
+    rows ``PLANES_TILES_32_WIDE`` from 16M elements; 33-64 rows by the weight's size,
+    ``PLANES_TILES_64_SMALL`` (two 32-row tiles) / ``_LARGE``.
 
     Example:
         >>> planes_config(LinearProblem(torch.bfloat16, 16, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
@@ -259,19 +264,25 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
         (16, 64, 2, 3, 4, 2, False)
         >>> planes_config(LinearProblem(torch.bfloat16, 24, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
         (32, 128, 4, 4, 4, 1, False)
+        >>> planes_config(LinearProblem(torch.bfloat16, 64, 2048, 2048, 4, 128, False, False, "cuda", "planes"))
+        (16, 64, 2, 3, 4, 2, False)
+        >>> planes_config(LinearProblem(torch.bfloat16, 64, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
+        (32, 128, 4, 4, 4, 1, False)
         >>> planes_config(LinearProblem(torch.bfloat16, 40, 6144, 4096, 4, 128, False, False, "cuda", "planes"))
         (64, 128, 8, 3, 2, 1, True)
         >>> planes_config(LinearProblem(torch.bfloat16, 64, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
         (64, 256, 8, 3, 1, 1, False)
     """
     block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
+    if p.n * p.k <= PLANES_DEQUANT_SMALL_NK:
+        return (16,) + PLANES_TILES[16]
     if (block_m == 16 and p.m >= PLANES_TILES_16_WIDE_MIN_M and p.k >= PLANES_TILES_16_WIDE_MIN_K
             and p.n * p.k <= PLANES_TILES_16_WIDE_MAX_NK):
         return (block_m,) + PLANES_TILES_16_WIDE
     if block_m == 32 and p.n * p.k >= PLANES_TILES_32_WIDE_MIN_NK:
         return (block_m,) + PLANES_TILES_32_WIDE
     if block_m == 64 and p.n * p.k <= PLANES_TILES_64_SMALL_MAX_NK:
-        return (block_m,) + PLANES_TILES_64_SMALL
+        return PLANES_TILES_64_SMALL
     if block_m == 64 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
         return (block_m,) + PLANES_TILES_64_LARGE
     return (block_m,) + PLANES_TILES[block_m]

@@ -74,7 +74,8 @@ from . import problem as qproblem
 from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
-from .planes import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_N, launch_planes, planes_dequant, planes_gemv, supports_planes
+from .planes import (PLANES_DEQUANT_SMALL_MIN_M, PLANES_GEMV_MAX_M, PLANES_MMA_MIN_N, launch_planes, planes_dequant,
+                     planes_gemv, supports_planes)
 from .problem import LinearCall, LinearProblem
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -567,7 +568,7 @@ def supports_dequant_gemm(p: LinearProblem):
     if p.planes:   # the dequantize kernel reads the planes layout (planes.planes_dequant)
         large = None if planes_dequant(p) else (f"the weight is in the planes layout: dequant+cuBLAS takes it from "
                                                 f"M={qproblem.DEQUANT_GEMM_MIN_M} rows (small weights from "
-                                                f"M=33), not M={p.m} with N*K={p.n * p.k}")
+                                                f"M={PLANES_DEQUANT_SMALL_MIN_M}), not M={p.m} with N*K={p.n * p.k}")
         return _dtype_reason(p) or large
     return _dtype_reason(p) or (None if p.dequant_gemm else _not_dequant_gemm_reason(p))
 
