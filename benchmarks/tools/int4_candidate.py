@@ -95,17 +95,13 @@ ROWS_LATER = (1, 2, 4, 8, 32)   # M = 1: "planes" is the GEMV reading the planes
 #: The candidate's forms besides its default: name -> launch_planes keyword arguments, and the
 #: rows they are timed at (the default tiles are always timed).
 FORMS: dict[str, tuple[dict, tuple]] = {
-    "planes mma": ({}, (1,)),   # the planes kernel itself where the GEMV takes the planes layout
     # config: (BLOCK_M, BLOCK_N, warps, stages, programs per SM, chunks per step, scale ahead);
-    # a BLOCK_M below M runs several M tiles, side by side on the same weight tile (L2 shares it)
-    "planes m32 (64,4,4)": ({"config": (32, 64, 4, 4, 4, 1, False)}, (32,)),
-    "planes m32 (128,4,4)": ({"config": (32, 128, 4, 4, 4, 1, False)}, (32,)),
-    "planes m32 as 2x16 w2 c2": ({"config": (16, 64, 2, 3, 4, 2, False)}, (32,)),
-    "planes m32 as 2x16 (128,4,4)": ({"config": (16, 128, 4, 4, 4, 1, False)}, (32,)),
-    "planes m64 as 4x16 w2 c2": ({"config": (16, 64, 2, 3, 4, 2, False)}, (64,)),
-    "planes m64 as 4x16 (128,4,4)": ({"config": (16, 128, 4, 4, 4, 1, False)}, (64,)),
-    "planes m64 as 2x32 (128,4,4)": ({"config": (32, 128, 4, 4, 4, 1, False)}, (64,)),
-    "planes m64 (256,8,3)": ({"config": (64, 256, 8, 3, 1, 1, False)}, (64,)),
+    # a BLOCK_M below M runs several M tiles, side by side on the same weight tile (L2 shares it).
+    # At one row "planes" is the GEMV reading the planes layout, "planes mma" the planes kernel.
+    "planes mma": ({}, (1, 2, 4)),
+    "planes mma pps8": ({"config": (16, 64, 2, 3, 8, 2, False)}, (1, 2)),
+    "planes mma (32,2,3) pps8": ({"config": (16, 32, 2, 3, 8, 2, False)}, (1, 2)),
+    "planes mma w4 s4": ({"config": (16, 64, 4, 4, 4, 1, False)}, (1,)),
 }
 RESULTS: dict[str, Any] = {"rows": [], "errors": [], "skipped": [], "checks": []}
 

@@ -205,8 +205,10 @@ def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     assert "planes layout" in tk.supports_prefill(many)
     few = prepare(x[:1], pw, None).problem
     assert tk.supports_decode(few) is None and "GEMV reads the planes layout" in planes.supports_planes(few)
-    head = LinearProblem(torch.float16, 1, planes.PLANES_MMA_MIN_N, 2048, 4, 128, False, False, "cuda", "planes")
-    assert planes.supports_planes(head) is None and "N < 65536" in tk.supports_decode(head)   # an output head
+    head = LinearProblem(torch.float16, 1, 8192, 2048, 4, 128, False, False, "cuda", "planes")   # 16M elements
+    assert planes.supports_planes(head) is None and f"N*K < {2 ** 24}" in tk.supports_decode(head)
+    below = LinearProblem(torch.float16, 1, 8191, 2048, 4, 128, False, False, "cuda", "planes")
+    assert tk.supports_decode(below) is None and "GEMV reads the planes layout" in planes.supports_planes(below)
     assert "chosen: triton.decode" in rows_text and "not triton.planes: the weight is in the rows layout" in rows_text
     with opforge.backend("torch"), opforge.trace() as t:      # the torch path reads either layout
         y = opforge.linear(x, pw)

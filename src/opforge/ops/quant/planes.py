@@ -100,10 +100,12 @@ PLANES_TILES_64_LARGE_MIN_NK = 48 * 2 ** 20
 #: ``planes mma`` against the GEMV: M=2 1B gate_up 12.9 vs 20.3 us, 8B down 19.9 vs 34.6; M=4
 #: 13.3 vs 25.8, 20.4 vs 43.8) ...
 PLANES_GEMV_MAX_M = 1
-#: ... and at one row too on weights of at least this many rows N (an output head): the planes
-#: kernel pads x to 16 rows, so one row costs what two do, and on the 1B head (128256 x 2048)
-#: that was 72.4 us at M=2 against the GEMV's 82-87 at M=1 (``quant_batch``, H100).
-PLANES_MMA_MIN_N = 65536
+#: ... and at one row too on weights of at least this many elements N*K: the planes kernel pads
+#: x to 16 rows, and with two warps and two chunks per step it beat the GEMV reading the planes
+#: layout at one row (``int4_forms4.json``, us: 1B gate_up 13.1 -> 11.9, 1B down 10.3 -> 9.4,
+#: 8B qkv 11.8 -> 9.8, gate_up 38.0 -> 34.4, down 22.3 -> 17.2, 8B o 8.3 both; the 1B head 59.4).
+#: Below it (1B qkv 5.6 both, 1B o 4.2 vs 4.7) the GEMV stays.
+PLANES_MMA_MIN_NK = 16 * 2 ** 20
 #: Weights of at most this many elements (1B qkv and o) run 17-64 rows as several 16-row tiles
 #: (``int4_forms3.json``, us: M=32 1B qkv 7.6 -> 6.7, 1B o 7.3 -> 5.7 against one 32-row tile;
 #: M=64 9.5 and 7.4 against dequant+cuBLAS's 12.8 and 10.4, which the small weights ran from 33
@@ -289,10 +291,11 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
 
 
 def planes_gemv(p: LinearProblem) -> bool:
-    """Whether the GEMV kernel runs a planes-layout problem (``PLANES_GEMV_MAX_M`` rows, N under
-    ``PLANES_MMA_MIN_N``; groups of at least one 128-code chunk, so a GEMV tile covers whole groups
+    """Whether the GEMV kernel runs a planes-layout problem (``PLANES_GEMV_MAX_M`` rows, N*K under
+    ``PLANES_MMA_MIN_NK``; groups of at least one 128-code chunk, so a GEMV tile covers whole groups
     in either layout)."""
-    return p.m <= PLANES_GEMV_MAX_M and p.n < PLANES_MMA_MIN_N and (p.group >= 128 or p.group >= p.k)
+    return (p.m <= PLANES_GEMV_MAX_M and p.n * p.k < PLANES_MMA_MIN_NK
+            and (p.group >= 128 or p.group >= p.k))
 
 
 def planes_dequant(p: LinearProblem) -> bool:
@@ -358,8 +361,8 @@ def supports_planes(p: LinearProblem) -> Optional[str]:
         return (f"x is {str(p.dtype).replace('torch.', '')}; the planes kernel takes float16 or bfloat16 "
                 "(float32 and float64 run on the torch path)")
     if planes_gemv(p):
-        return (f"M={p.m} <= {PLANES_GEMV_MAX_M}, N={p.n} < {PLANES_MMA_MIN_N}, groups of >= 128: the decode "
-                "variant's GEMV reads the planes layout")
+        return (f"M={p.m} <= {PLANES_GEMV_MAX_M}, N*K={p.n * p.k} < {PLANES_MMA_MIN_NK}, groups of >= 128: "
+                "the decode variant's GEMV reads the planes layout")
     if planes_dequant(p):
         return f"M={p.m} rows on N*K={p.n * p.k}: dequant+cuBLAS (its dequantize kernel reads the planes layout)"
     return None

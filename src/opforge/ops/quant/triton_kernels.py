@@ -21,10 +21,10 @@ Two kernels behind two variants, chosen by the number of rows M of x:
   read from DRAM about once.
 
 * ``planes`` (int4 weights repacked by ``weight.repack``, as the model loader does on CUDA;
-  M 2..255, and one row on output heads or with groups under 128): ``planes._planes_kernel``,
-  see there. The GEMV and dequantize kernels read the planes layout too (``PLANES``), so a
-  repacked weight keeps the decode variant at one row and dequant+cuBLAS from 256 rows (small
-  weights from 33).
+  M 2..255, and one row on weights of 16M+ elements or with groups under 128):
+  ``planes._planes_kernel``, see there. The GEMV and dequantize kernels read the planes layout
+  too (``PLANES``), so a repacked weight keeps the decode variant at one row on smaller weights
+  and dequant+cuBLAS from 256 rows (small weights from 65).
 
 * ``dequant_gemm`` (M >= ``problem.DEQUANT_GEMM_MIN_M``; also int4 at M 17..64 with
   N*K <= ``problem.DEQUANT_SMALL_NK``, and int4 from M 65 except wide, short weights up to 128
@@ -74,7 +74,7 @@ from . import problem as qproblem
 from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
-from .planes import (PLANES_DEQUANT_SMALL_MIN_M, PLANES_GEMV_MAX_M, PLANES_MMA_MIN_N, launch_planes, planes_dequant,
+from .planes import (PLANES_DEQUANT_SMALL_MIN_M, PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, launch_planes, planes_dequant,
                      planes_gemv, supports_planes)
 from .problem import LinearCall, LinearProblem
 
@@ -552,14 +552,14 @@ def supports_decode(p: LinearProblem):
 
 def _planes_gemv_reason(p: LinearProblem):
     """A planes-layout weight runs in the decode variant only through the GEMV kernel
-    (``planes.planes_gemv``: one row, N under ``PLANES_MMA_MIN_N``, groups of at least one
+    (``planes.planes_gemv``: one row, N*K under ``PLANES_MMA_MIN_NK``, groups of at least one
     128-code chunk; ``_code_columns``)."""
     reason = _dtype_reason(p)
     if reason:
         return reason
     if not planes_gemv(p):
         return (f"the weight is in the planes layout: the decode variant reads it with the GEMV kernel "
-                f"(M <= {PLANES_GEMV_MAX_M}, N < {PLANES_MMA_MIN_N}, groups >= 128), not at M={p.m}, N={p.n} "
+                f"(M <= {PLANES_GEMV_MAX_M}, N*K < {PLANES_MMA_MIN_NK}, groups >= 128), not at M={p.m}, N={p.n} "
                 f"with group {p.group}")
     return None
 
