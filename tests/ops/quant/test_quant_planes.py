@@ -190,6 +190,18 @@ def test_chunks_per_step_and_scales_ahead_across_splits(k, group_size, chunks, a
         assert rel_error(out, oracle(x, qw)) < TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.parametrize("m, config", [
+    (20, (64, 256, 8, 3, 1, 1, False)), (32, (16, 128, 4, 4, 4, 1, False)), (45, (32, 128, 4, 4, 4, 1, False)),
+    (64, (16, 64, 2, 3, 4, 2, False))])
+def test_tiles_of_other_rows_than_m(m, config):
+    """The tiles the rules pick at 17-64 rows: one tile with padded rows, several M tiles side by
+    side (a partial last one), each against float64."""
+    qw, pw = planes_weight(300, 512, 128, seed=m)
+    x = torch.randn(m, 512, device=DEVICE, dtype=torch.bfloat16)
+    out = planes.launch_planes(prepare(x, pw, None), config)
+    assert out.shape == (m, 300) and rel_error(out, oracle(x, qw)) < TOLERANCE[torch.bfloat16]
+
+
 def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     qw, pw = planes_weight(64, 256)
     x = torch.randn(16, 256, device=DEVICE, dtype=torch.float16)

@@ -85,6 +85,13 @@ PLANES_TILES_16_WIDE_MAX_NK = 32 * 2 ** 20
 #: 7.6 -> 8.4 and 7.3 -> 8.2: those keep 64 features).
 PLANES_TILES_32_WIDE = (128, 4, 4, 4, 1, False)
 PLANES_TILES_32_WIDE_MIN_NK = 16 * 2 ** 20
+#: 17-32 rows on the large weights (``PLANES_TILES_64_LARGE_MIN_NK``) with K >= 8192 (8B down):
+#: two 16-row tiles on 128 features (``int4_forms3.json``: 30.2 -> 27.2 us); with N >= 16384 and
+#: K 4096..8191 (8B gate_up): the 64-row large tile, half its rows padding (46.0 us at 64 rows
+#: against 49.3 for 32-row tiles on 128 features). The 1B head (K = 2048) keeps the wide 32-row tile.
+PLANES_TILES_32_LONG_K = 8192
+PLANES_TILES_32_AS_64_MIN_N = 16384
+PLANES_TILES_32_AS_64_MIN_K = 4096
 #: 33-64 rows by the weight's size N*K (H100, CUDA graphs over L2-cold weights, bf16 x, g128,
 #: M=64, ``results/h100/2026-11-27-547b7e0``): from 48*2**20 (8B down and gate_up, 1B lm_head) 256
 #: features, 8 warps, no split: 30.7 vs 39.0, 46.8 vs 61.7, 96.5 vs 123.3 us. Up to 16*2**20 (1B
@@ -254,7 +261,8 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
     the planes kernel: BLOCK_M the power of two >= M within 16..64 (more rows run several M tiles),
     the rest from ``PLANES_TILES``; weights of at most 8M elements run 16-row tiles at any M;
     9-16 rows ``PLANES_TILES_16_WIDE`` where K >= 4096 on weights of at most 32M elements; 17-32
-    rows ``PLANES_TILES_32_WIDE`` from 16M elements; 33-64 rows by the weight's size,
+    rows ``PLANES_TILES_32_WIDE`` from 16M elements (from 48M: two wide 16-row tiles where K >=
+    8192, the 64-row large tile where N >= 16384 and K >= 4096); 33-64 rows by the weight's size,
     ``PLANES_TILES_64_SMALL`` (two 32-row tiles) / ``_LARGE``.
 
     Example:
@@ -266,6 +274,10 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
         (16, 64, 2, 3, 4, 2, False)
         >>> planes_config(LinearProblem(torch.bfloat16, 24, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
         (32, 128, 4, 4, 4, 1, False)
+        >>> planes_config(LinearProblem(torch.bfloat16, 32, 4096, 14336, 4, 128, False, False, "cuda", "planes"))
+        (16, 128, 4, 4, 4, 1, False)
+        >>> planes_config(LinearProblem(torch.bfloat16, 32, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
+        (64, 256, 8, 3, 1, 1, False)
         >>> planes_config(LinearProblem(torch.bfloat16, 64, 2048, 2048, 4, 128, False, False, "cuda", "planes"))
         (16, 64, 2, 3, 4, 2, False)
         >>> planes_config(LinearProblem(torch.bfloat16, 64, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
@@ -281,6 +293,11 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
     if (block_m == 16 and p.m >= PLANES_TILES_16_WIDE_MIN_M and p.k >= PLANES_TILES_16_WIDE_MIN_K
             and p.n * p.k <= PLANES_TILES_16_WIDE_MAX_NK):
         return (block_m,) + PLANES_TILES_16_WIDE
+    if block_m == 32 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
+        if p.k >= PLANES_TILES_32_LONG_K:
+            return (16,) + PLANES_TILES_16_WIDE
+        if p.n >= PLANES_TILES_32_AS_64_MIN_N and p.k >= PLANES_TILES_32_AS_64_MIN_K:
+            return (64,) + PLANES_TILES_64_LARGE
     if block_m == 32 and p.n * p.k >= PLANES_TILES_32_WIDE_MIN_NK:
         return (block_m,) + PLANES_TILES_32_WIDE
     if block_m == 64 and p.n * p.k <= PLANES_TILES_64_SMALL_MAX_NK:
