@@ -266,26 +266,16 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
     ``PLANES_TILES_64_SMALL`` (two 32-row tiles) / ``_LARGE``.
 
     Example:
-        >>> planes_config(LinearProblem(torch.bfloat16, 16, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
-        (16, 64, 2, 3, 4, 2, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 16, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
-        (16, 128, 4, 4, 4, 1, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 8, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
-        (16, 64, 2, 3, 4, 2, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 24, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
-        (32, 128, 4, 4, 4, 1, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 32, 4096, 14336, 4, 128, False, False, "cuda", "planes"))
-        (16, 128, 4, 4, 4, 1, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 32, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
-        (64, 256, 8, 3, 1, 1, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 64, 2048, 2048, 4, 128, False, False, "cuda", "planes"))
-        (16, 64, 2, 3, 4, 2, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 64, 4096, 4096, 4, 128, False, False, "cuda", "planes"))
-        (32, 128, 4, 4, 4, 1, False)
-        >>> planes_config(LinearProblem(torch.bfloat16, 40, 6144, 4096, 4, 128, False, False, "cuda", "planes"))
-        (64, 128, 8, 3, 2, 1, True)
-        >>> planes_config(LinearProblem(torch.bfloat16, 64, 28672, 4096, 4, 128, False, False, "cuda", "planes"))
-        (64, 256, 8, 3, 1, 1, False)
+        >>> def tiles(m, n, k):
+        ...     return planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
+        >>> tiles(16, 28672, 4096), tiles(8, 4096, 4096), tiles(64, 2048, 2048)      # two warps, two chunks
+        ((16, 64, 2, 3, 4, 2, False), (16, 64, 2, 3, 4, 2, False), (16, 64, 2, 3, 4, 2, False))
+        >>> tiles(16, 4096, 4096), tiles(32, 4096, 14336)                          # one warpgroup, 128 features
+        ((16, 128, 4, 4, 4, 1, False), (16, 128, 4, 4, 4, 1, False))
+        >>> tiles(24, 4096, 4096), tiles(64, 4096, 4096)
+        ((32, 128, 4, 4, 4, 1, False), (32, 128, 4, 4, 4, 1, False))
+        >>> tiles(40, 6144, 4096), tiles(32, 28672, 4096), tiles(64, 28672, 4096)
+        ((64, 128, 8, 3, 2, 1, True), (64, 256, 8, 3, 1, 1, False), (64, 256, 8, 3, 1, 1, False))
     """
     block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
     if p.n * p.k <= PLANES_DEQUANT_SMALL_NK:
