@@ -284,11 +284,16 @@ def _offer_plan(launcher: TritonLauncher, key: tuple, call: NormCall, grid_x: in
     PLANS.offer(call.signature, plan, "triton")
 
 
+def _pairs(p: NormProblem) -> bool:
+    """Whether layer norm may sum (d, d^2) as pairs at all (not rms_norm, not under the interpreter:
+    see ``_sum_and_squares``); ``config.paired_sums`` says where the tile program does."""
+    return not p.is_rms and not triton_interpreting()
+
+
 def _tile_constexprs(call: NormCall, block_m: int, block_n: int) -> tuple:
     p = call.problem
     first = not p.is_rms and first_value_shift(block_n, p.has_residual)
-    paired = not triton_interpreting() and not p.is_rms and paired_sums(block_m, block_n)
-    return block_m, block_n, first, paired, pdl.on(call.x.tensor.device)
+    return block_m, block_n, first, _pairs(p) and paired_sums(block_m, block_n), pdl.on(call.x.tensor.device)
 
 
 def launch_multirow(call: NormCall):
@@ -308,7 +313,7 @@ def launch_looped(call: NormCall):
     config = looped_config(call.problem.n)
     chunk, warps = config
     return _launch(_looped, call, config, (call.problem.rows,),
-                   (chunk, not triton_interpreting() and not call.problem.is_rms, pdl.on(call.x.tensor.device)), warps)
+                   (chunk, _pairs(call.problem), pdl.on(call.x.tensor.device)), warps)
 
 
 def _dtype_reason(p: NormProblem) -> Optional[str]:

@@ -98,7 +98,6 @@ PLANES_TILES_32_AS_64_MIN_K = 4096
 #: down, 8B o) two M tiles of 32 rows, one warpgroup on 128 features (``int4_forms3.json``: 16.4
 #: -> 14.8, 16.2 -> 14.1 us against 64 rows on 64 features). Between them (1B gate_up, 8B qkv)
 #: ``PLANES_TILES[64]`` was best.
-PLANES_TILES_64_SMALL = (32,) + PLANES_TILES_32_WIDE
 PLANES_TILES_64_SMALL_MAX_NK = 16 * 2 ** 20
 PLANES_TILES_64_LARGE = (256, 8, 3, 1, 1, False)
 PLANES_TILES_64_LARGE_MIN_NK = 48 * 2 ** 20
@@ -124,19 +123,11 @@ PLANES_DEQUANT_SMALL_MIN_M = 65
 
 
 @triton.jit
-def _group_params(gw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr):
-    """Group ``g``'s (0 for one group per row) scales, float32, and zeros, int32, both (BLOCK_N, 1),
-    from one word per row (``weight.group_words``: the float32 scale, whose low 13 bits are 0 for
-    a 16-bit scale, OR the zero). A 2-D tile of 4-byte words: the software pipeline copies it
-    ahead like the codes (sm_90 TTGIR; 1-D loads of 2-byte scales and zeros stay loads each step
-    waits on)."""
-    word = _group_word(gw_ptr, rows, n_mask, N, g, PER_ROW)
-    return _word_scale(word), word & 0xF
-
-
-@triton.jit
 def _group_word(gw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr):
-    """Group ``g``'s (0 for one group per row) (BLOCK_N, 1) int32 words (``weight.group_words``)."""
+    """Group ``g``'s (0 for one group per row) (BLOCK_N, 1) int32 words (``weight.group_words``:
+    the float32 scale, whose low 13 bits are 0 for a 16-bit scale, OR the zero, int). A 2-D tile
+    of 4-byte words: the software pipeline copies it ahead like the codes (sm_90 TTGIR; 1-D loads
+    of 2-byte scales and zeros stay loads each step waits on)."""
     if PER_ROW:
         g = 0
     return tl.load(gw_ptr + g * N + rows[:, None], mask=n_mask[:, None], other=0)
@@ -240,11 +231,14 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
             for h in tl.static_range(8 // PPG):                  # the groups of this chunk
                 # loaded in the loop, not a chunk ahead: a zero carried across iterations took a
                 # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
-                s, z = _group_params(gw_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW)
+                word = _group_word(gw_ptr, rows, n_mask, N, (q * 128 + h * PPG * 16) // GROUP, PER_ROW)
+                z = word & 0xF
                 if AHEAD:
                     s = s_next
                     q_next = tl.minimum(q + 1, q_end - 1)
                     s_next = _word_scale(_group_word(gw_ptr, rows, n_mask, N, (q_next * 128) // GROUP, PER_ROW))
+                else:
+                    s = _word_scale(word)
                 part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M,
                                    BLOCK_N)
                 acc += part * s
@@ -263,7 +257,7 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
     9-16 rows ``PLANES_TILES_16_WIDE`` where K >= 4096 on weights of at most 32M elements; 17-32
     rows ``PLANES_TILES_32_WIDE`` from 16M elements (from 48M: two wide 16-row tiles where K >=
     8192, the 64-row large tile where N >= 16384 and K >= 4096); 33-64 rows by the weight's size,
-    ``PLANES_TILES_64_SMALL`` (two 32-row tiles) / ``_LARGE``.
+    two 32-row ``PLANES_TILES_32_WIDE`` tiles up to 16M elements, ``PLANES_TILES_64_LARGE`` from 48M.
 
     Example:
         >>> def tiles(m, n, k):
@@ -291,7 +285,7 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
     if block_m == 32 and p.n * p.k >= PLANES_TILES_32_WIDE_MIN_NK:
         return (block_m,) + PLANES_TILES_32_WIDE
     if block_m == 64 and p.n * p.k <= PLANES_TILES_64_SMALL_MAX_NK:
-        return PLANES_TILES_64_SMALL
+        return (32,) + PLANES_TILES_32_WIDE
     if block_m == 64 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
         return (block_m,) + PLANES_TILES_64_LARGE
     return (block_m,) + PLANES_TILES[block_m]
