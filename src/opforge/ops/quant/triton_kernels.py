@@ -125,13 +125,13 @@ def _scales_and_zeros(s_ptr, z_ptr, g, N, rows, n_mask, zero_const: tl.constexpr
 
 
 @triton.jit
-def _group_term(p, xs, s, zc, SWAP: tl.constexpr):
-    """(p - zc xs) s: ``p`` the MMA sum of (code + offset) . x over one group, ``xs`` the sum of x
+def _add_group(acc, p, xs, s, zc, SWAP: tl.constexpr):
+    """acc + (p - zc xs) s: ``p`` the MMA sum of (code + offset) . x over one group, ``xs`` the sum of x
     over it per row of x, ``zc`` (zero + offset) and ``s`` the scale per feature."""
     if SWAP:
-        out = (p - zc[:, None] * xs[None, :]) * s[:, None]
+        out = acc + (p - zc[:, None] * xs[None, :]) * s[:, None]
     else:
-        out = (p - xs[:, None] * zc[None, :]) * s[None, :]
+        out = acc + (p - xs[:, None] * zc[None, :]) * s[None, :]
     return out
 
 
@@ -164,8 +164,7 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if PER_ROW:
-        x_sum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)   # x summed over K, per column
+    x_sum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)   # PER_ROW: x summed over K, per column
     # over K tile indices, not K offsets: k0 = kt * BLOCK_K is then known to be a multiple of
     # BLOCK_K, so the int4 word index k0 // 8 is aligned for 16-byte copies (a loop over offsets
     # from pid_k * k_per_split gave 8-byte cp.async per sm_90 SASS)
@@ -195,10 +194,10 @@ def _qmm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, 
             xs = tl.sum(x.to(tl.float32), axis=1)                        # (BLOCK_M,)
             s, z = _scales_and_zeros(s_ptr, z_ptr, k0 // GROUP, N, rows, n_mask, zero_const, SYMMETRIC, BLOCK_N)
             # the whole K tile is one group (BLOCK_K divides it)
-            acc += _group_term(p, xs, s, z + CODE_OFFSET, SWAP)
+            acc = _add_group(acc, p, xs, s, z + CODE_OFFSET, SWAP)
     if PER_ROW:
         s, z = _scales_and_zeros(s_ptr, z_ptr, 0, N, rows, n_mask, zero_const, SYMMETRIC, BLOCK_N)
-        acc = _group_term(acc, tl.sum(x_sum, axis=1), s, z + CODE_OFFSET, SWAP)
+        acc = _add_group(tl.zeros_like(acc), acc, tl.sum(x_sum, axis=1), s, z + CODE_OFFSET, SWAP)
     if SWAP:
         acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
