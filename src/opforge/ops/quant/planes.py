@@ -75,7 +75,7 @@ PLANES_TILES = {16: (64, 2, 3, 4, 2, False), 32: (64, 4, 4, 4, 1, False), 64: (1
 #: 11.2, 9.5 -> 8.4 us; a second run 9.2, 11.2, 8.4): the few feature tiles there split K many
 #: ways, and 128 features halve the x each split re-reads. At 8 rows the same tile lost (1B down
 #: 9.6 -> 14.5 us, 8B o 8.4 -> 10.0, ``int4_forms2.json``), so up to 8 rows keep two warps.
-PLANES_TILES_16_WIDE = (128, 4, 4, 4, 1, False)
+PLANES_TILES_WIDE = (128, 4, 4, 4, 1, False)     # one warpgroup on 128 features, 4 stages
 PLANES_TILES_16_WIDE_MIN_M = 9
 PLANES_TILES_16_WIDE_MIN_K = 4096
 PLANES_TILES_16_WIDE_MAX_NK = 32 * 2 ** 20
@@ -83,7 +83,6 @@ PLANES_TILES_16_WIDE_MAX_NK = 32 * 2 ** 20
 #: 128 features (``int4_forms2.json``: 1B lm_head 100.7 -> 77.1 us, 8B qkv 15.3 -> 13.1, 8B o
 #: 11.0 -> 9.8, 1B down 11.3 -> 10.2, the rest within 3%; on 1B qkv and o, 6M and 4M elements,
 #: 7.6 -> 8.4 and 7.3 -> 8.2: those keep 64 features).
-PLANES_TILES_32_WIDE = (128, 4, 4, 4, 1, False)
 PLANES_TILES_32_WIDE_MIN_NK = 16 * 2 ** 20
 #: 17-32 rows on the large weights (``PLANES_TILES_64_LARGE_MIN_NK``) with K >= 8192 (8B down):
 #: two 16-row tiles on 128 features (``int4_forms3.json``: 30.2 -> 27.2 us); with N >= 16384 and
@@ -254,10 +253,10 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM, chunks per step, scale ahead) of
     the planes kernel: BLOCK_M the power of two >= M within 16..64 (more rows run several M tiles),
     the rest from ``PLANES_TILES``; weights of at most 8M elements run 16-row tiles at any M;
-    9-16 rows ``PLANES_TILES_16_WIDE`` where K >= 4096 on weights of at most 32M elements; 17-32
-    rows ``PLANES_TILES_32_WIDE`` from 16M elements (from 48M: two wide 16-row tiles where K >=
+    9-16 rows ``PLANES_TILES_WIDE`` where K >= 4096 on weights of at most 32M elements; 17-32
+    rows ``PLANES_TILES_WIDE`` from 16M elements (from 48M: two wide 16-row tiles where K >=
     8192, the 64-row large tile where N >= 16384 and K >= 4096); 33-64 rows by the weight's size,
-    two 32-row ``PLANES_TILES_32_WIDE`` tiles up to 16M elements, ``PLANES_TILES_64_LARGE`` from 48M.
+    two 32-row ``PLANES_TILES_WIDE`` tiles up to 16M elements, ``PLANES_TILES_64_LARGE`` from 48M.
 
     Example:
         >>> def tiles(m, n, k):
@@ -276,16 +275,16 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]
         return (16,) + PLANES_TILES[16]
     if (block_m == 16 and p.m >= PLANES_TILES_16_WIDE_MIN_M and p.k >= PLANES_TILES_16_WIDE_MIN_K
             and p.n * p.k <= PLANES_TILES_16_WIDE_MAX_NK):
-        return (block_m,) + PLANES_TILES_16_WIDE
+        return (block_m,) + PLANES_TILES_WIDE
     if block_m == 32 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
         if p.k >= PLANES_TILES_32_LONG_K:
-            return (16,) + PLANES_TILES_16_WIDE
+            return (16,) + PLANES_TILES_WIDE
         if p.n >= PLANES_TILES_32_AS_64_MIN_N and p.k >= PLANES_TILES_32_AS_64_MIN_K:
             return (64,) + PLANES_TILES_64_LARGE
     if block_m == 32 and p.n * p.k >= PLANES_TILES_32_WIDE_MIN_NK:
-        return (block_m,) + PLANES_TILES_32_WIDE
+        return (block_m,) + PLANES_TILES_WIDE
     if block_m == 64 and p.n * p.k <= PLANES_TILES_64_SMALL_MAX_NK:
-        return (32,) + PLANES_TILES_32_WIDE
+        return (32,) + PLANES_TILES_WIDE
     if block_m == 64 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
         return (block_m,) + PLANES_TILES_64_LARGE
     return (block_m,) + PLANES_TILES[block_m]
