@@ -45,6 +45,7 @@ from opforge.testing import TOLERANCE, rel_error
 SHAPES_1B = [(3072, 2048, "1B qkv"), (2048, 2048, "1B o"), (16384, 2048, "1B gate_up"), (2048, 8192, "1B down"),
              (128256, 2048, "1B lm_head")]
 SHAPES_8B = [(6144, 4096, "8B qkv"), (4096, 4096, "8B o"), (28672, 4096, "8B gate_up"), (4096, 14336, "8B down")]
+SHAPE_8B_HEAD = (128256, 4096, "8B lm_head")
 
 
 def oracle(x: torch.Tensor, qw: opforge.QuantizedWeight) -> torch.Tensor:
@@ -95,13 +96,14 @@ ROWS_LATER = (1, 2, 4, 8, 32)   # M = 1: "planes" is the GEMV reading the planes
 #: The candidate's forms besides its default: name -> launch_planes keyword arguments, and the
 #: rows they are timed at (the default tiles are always timed).
 FORMS: dict[str, tuple[dict, tuple]] = {
-    # config: (BLOCK_M, BLOCK_N, warps, stages, programs per SM, chunks per step, scale ahead);
-    # a BLOCK_M below M runs several M tiles, side by side on the same weight tile (L2 shares it).
-    # At one row "planes" is the GEMV reading the planes layout, "planes mma" the planes kernel.
-    "planes mma": ({}, (1, 2, 4)),
-    "planes mma pps8": ({"config": (16, 64, 2, 3, 8, 2, False)}, (1, 2)),
-    "planes mma (32,2,3) pps8": ({"config": (16, 32, 2, 3, 8, 2, False)}, (1, 2)),
-    "planes mma w4 s4": ({"config": (16, 64, 4, 4, 4, 1, False)}, (1,)),
+    # config: (BLOCK_M, BLOCK_N, warps, stages, programs per SM, chunks per step, scale ahead, one
+    # K = 128 dot per chunk, scale folded into the codes); "extra": those last two appended to the
+    # default tiles of the shape. A BLOCK_M below M runs several M tiles, side by side on the same
+    # weight tile (L2 shares it). At one row the forms run the planes kernel on 16 padded rows.
+    "k128": ({"extra": (True, False)}, (1, 2, 4, 8)),
+    "16x64 w4 k128": ({"config": (16, 64, 4, 4, 4, 1, False, True, False)}, (1, 2, 4, 8)),
+    "16x64 w4 pps2 k128": ({"config": (16, 64, 4, 4, 2, 1, False, True, False)}, (1, 2, 4, 8)),
+    "16x128 w4 k128": ({"config": (16, 128, 4, 4, 4, 1, False, True, False)}, (8,)),
 }
 RESULTS: dict[str, Any] = {"rows": [], "errors": [], "skipped": [], "checks": []}
 
@@ -121,6 +123,9 @@ def check(label: str, fn: Callable[[], torch.Tensor], want: torch.Tensor, dtype:
 
 
 def form_fn(call: Any, kwargs: dict) -> Callable[[], torch.Tensor]:
+    if "extra" in kwargs:
+        kwargs = {"config": tuple(planes.planes_config(call.problem)) + tuple(kwargs["extra"])}
+
     def run() -> torch.Tensor:
         return planes.launch_planes(call, **kwargs)
     return run
@@ -259,6 +264,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
     parser.add_argument("--rows", default="", help="comma-separated M to time (default: 16,64 then 1,2,4,8,32)")
     parser.add_argument("--name", default="int4_candidate.json", help="the JSON file's name")
+    parser.add_argument("--head8b", action="store_true", help="also the 8B output head (128256x4096)")
     args = parser.parse_args()
     if args.ptx:
         return ptx_report()
@@ -266,7 +272,7 @@ def main() -> int:
     device = "cpu" if smoke else "cuda"
     RESULTS["device"] = "cpu smoke" if smoke else torch.cuda.get_device_name()
     deadline = time.time() + args.budget
-    shapes = [(96, 256, "smoke")] if smoke else SHAPES_1B + SHAPES_8B
+    shapes = [(96, 256, "smoke")] if smoke else SHAPES_1B + SHAPES_8B + ([SHAPE_8B_HEAD] if args.head8b else [])
     passes = (tuple(int(m) for m in args.rows.split(",")),) if args.rows else (ROWS_FIRST, ROWS_LATER)
     for ms in passes:
         for n, k, label in shapes:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.ops.quant import cases, metal, planes, repack, triton_kernels as tk
+from opforge.ops.quant import cases, metal, planes, planes_tiles as pt, repack, triton_kernels as tk
 from opforge.ops.quant.problem import LinearProblem, prepare
 from opforge.ops.quant.weight import LAYOUTS, QuantizedWeight, pack_codes, pack_planes, unpack_planes
 from opforge.testing import DEVICE, TOLERANCE, rel_error
@@ -131,7 +131,7 @@ def test_planes_kernel_matches_the_weight_it_holds(m, group_size, symmetric, dty
     assert y.shape == (m, 96) and y.dtype == dtype
     assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
     by_default = planes.supports_planes(call.problem) is None
-    small = 96 * 256 <= planes.PLANES_DEQUANT_SMALL_NK
+    small = 96 * 256 <= planes.PLANES_SMALL_MAX_NK
     assert by_default == (m > 1 and not (m >= planes.PLANES_DEQUANT_SMALL_MIN_M and small))
     if by_default:
         assert rel_error(run_planes(x, pw), oracle(x, qw)) < TOLERANCE[dtype]
@@ -191,15 +191,45 @@ def test_chunks_per_step_and_scales_ahead_across_splits(k, group_size, chunks, a
 
 
 @pytest.mark.parametrize("m, config", [
-    (20, (64, 256, 8, 3, 1, 1, False)), (32, (16, 128, 4, 4, 4, 1, False)), (45, (32, 128, 4, 4, 4, 1, False)),
-    (64, (16, 64, 2, 3, 4, 2, False))])
+    (20, (64,) + pt.PLANES_TILE_LARGE), (32, (16,) + pt.PLANES_TILE_WIDE), (45, (32,) + pt.PLANES_TILE_WIDE_FOLDED),
+    (64, (16,) + pt.PLANES_TILE_TWO_WARPS), (40, (64,) + pt.PLANES_TILE_EIGHT_WARPS), (7, (16,) + pt.PLANES_TILE_FEW_ROWS)])
 def test_tiles_of_other_rows_than_m(m, config):
-    """The tiles the rules pick at 17-64 rows: one tile with padded rows, several M tiles side by
-    side (a partial last one), each against float64."""
+    """The tiles the rules pick: one tile with padded rows, several M tiles side by side (a
+    partial last one), each against float64."""
     qw, pw = planes_weight(300, 512, 128, seed=m)
     x = torch.randn(m, 512, device=DEVICE, dtype=torch.bfloat16)
     out = planes.launch_planes(prepare(x, pw, None), config)
     assert out.shape == (m, 300) and rel_error(out, oracle(x, qw)) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("group_size, symmetric, dtype", [
+    (128, False, torch.bfloat16), (128, True, torch.float16), (-1, False, torch.float16),
+    (64, True, torch.bfloat16), (32, False, torch.float16)])
+@pytest.mark.parametrize("k128, fold", [(True, False), (True, True), (False, True)])
+def test_one_k128_dot_per_chunk_and_the_folded_scale(group_size, symmetric, dtype, k128, fold):
+    """A chunk as one K = 128 dot, with and without the scale folded into the codes, over K
+    splits, two chunks per step and scales ahead; groups under 128 codes run per plane (the
+    fold only comes with the K = 128 dot), both zero kinds, both dtypes."""
+    qw, pw = planes_weight(80, 1024, group_size, symmetric, seed=group_size + 3 * fold)
+    x = torch.randn(24, 1024, device=DEVICE, dtype=dtype)
+    want = oracle(x, qw)
+    call = prepare(x, pw, None)
+    for config in [(32, 64, 4, 4, 64, 1, False, k128, fold), (16, 64, 2, 3, 4, 2, True, k128, fold)]:
+        out = planes.launch_planes(call, config)
+        assert rel_error(out, want) < TOLERANCE[dtype]
+
+
+def test_the_rules_pick_the_k128_dot_except_at_one_row_and_fold_on_two_tiles():
+    def tiles(m, n, k):
+        return pt.planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
+    shapes = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (6144, 4096), (28672, 4096), (4096, 14336)]
+    for m in (2, 8, 9, 16, 17, 32, 33, 64, 128):
+        for n, k in shapes:
+            config = tiles(m, n, k)
+            assert config[7], (m, n, k)
+            folded = config[1:] in (pt.PLANES_TILE_LARGE, pt.PLANES_TILE_WIDE_FOLDED)
+            assert config[8] == folded and (not folded or m > 32), (m, n, k)
+    assert not any(tiles(1, n, k)[7] for n, k in shapes)
 
 
 def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():

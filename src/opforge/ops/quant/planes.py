@@ -27,10 +27,11 @@ What this variant changes, each checked in the sm_90 TTGIR/PTX (``int4_candidate
 * Scale and zero in one int32 word per group and row (``weight.group_words``, same 4 bytes as
   the two 16-bit values), a 2-D tile that the software pipeline copies ahead with the codes.
 
-Tiles (``planes_config``): the weight is the MMA's first operand (out^T = W x^T); BLOCK_M the
-power of two >= M (16..64); ``PLANES_TILES`` by BLOCK_M (two warps, mma.sync, two chunks per
-loop step at 16 rows); K split as the other dot kernels, partials added by the combine kernel
-(or, ``fixup``, by the last split in the kernel).
+Tiles (``planes_tiles.planes_config``): the weight is the MMA's first operand (out^T = W x^T);
+BLOCK_M the power of two >= M (16..64) or a smaller tile run several times; warps, stages,
+chunks per step, whether a chunk is one K = 128 dot and whether the scale is folded into the
+codes, by rows and weight size. K split as the other dot kernels, partials added by the combine
+kernel (or, ``fixup``, by the last split in the kernel).
 """
 from __future__ import annotations
 
@@ -45,81 +46,12 @@ from ...runtime.backends import triton_interpreting
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import epilogue
-from .config import MAX_SPLIT, PROGRAMS_PER_SM, _pow2_ge, _split, code_mode
+from .config import MAX_SPLIT, PROGRAMS_PER_SM, _split, code_mode
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
+from .planes_tiles import (PLANES_DEQUANT_SMALL_MIN_M, PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK,  # noqa: F401
+                           PLANES_SMALL_MAX_NK, planes_config, planes_dequant, planes_gemv)
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
-
-#: BLOCK_M of the planes kernel is the power of two >= M within 16..``PLANES_MAX_BLOCK_M``.
-PLANES_MAX_BLOCK_M = 64
-#: (BLOCK_N, num_warps, num_stages, programs per SM that K splits aim at, chunks per loop step,
-#: scale ahead) by BLOCK_M (``planes_config``). Chunks per step: 128-code chunks each loop step
-#: reads (``CHUNKS``: half the barriers per code at 2, 128 contiguous bytes of each row). Scale
-#: ahead: each group's scale loaded a chunk early (``SCALE_AHEAD``; the pipeline copies the
-#: zero's word but leaves the scale's a plain load where the two layouts differ).
-#: 16 rows (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``results/h100/2026-11-27-
-#: 1797308/int4_forms.json``): two warps on 64 features, two chunks per step, 3 stages. Two warps
-#: run mma.sync; four run wgmma, and Triton waits for each wgmma before the next here (sm_90 PTX:
-#: the MMA sum is scaled per group, so no accumulator is carried over the loop). Against the
-#: earlier one warpgroup x 64 features x 4 stages: 1B lm_head 81.5 -> 65.5 us, 1B gate_up 14.1 ->
-#: 12.3, 8B down 24.4 -> 21.7, 8B gate_up 41.2 -> 38.2, 8B o 10.7 -> 9.5. Two warps with one chunk
-#: per step or 4 warps with two: each alone 0-14% (one warpgroup with two chunks: 8B gate_up
-#: 46.5 us, slower).
-#: 32 rows: one warpgroup on 64 features, 4 stages (two warps: 1.0-1.4x slower; wider tiles
-#: below). 64 rows: two warpgroups on 128 features (x re-read half as often per weight byte as on
-#: 64), 3 stages, scale ahead (1B gate_up 21.5 -> 17.9 us, 8B qkv 20.0 -> 19.1), splits for 2
-#: programs per SM.
-PLANES_TILES = {16: (64, 2, 3, 4, 2, False), 32: (64, 4, 4, 4, 1, False), 64: (128, 8, 3, 2, 1, True)}
-#: 9-16 rows where K >= 4096 on weights of at most ``PLANES_TILES_16_WIDE_MAX_NK`` elements (1B
-#: down, 8B qkv and o): one warpgroup on 128 features, 4 stages (same run: 10.8 -> 9.3, 12.5 ->
-#: 11.2, 9.5 -> 8.4 us; a second run 9.2, 11.2, 8.4): the few feature tiles there split K many
-#: ways, and 128 features halve the x each split re-reads. At 8 rows the same tile lost (1B down
-#: 9.6 -> 14.5 us, 8B o 8.4 -> 10.0, ``int4_forms2.json``), so up to 8 rows keep two warps.
-PLANES_TILES_WIDE = (128, 4, 4, 4, 1, False)     # one warpgroup on 128 features, 4 stages
-PLANES_TILES_16_WIDE_MIN_M = 9
-PLANES_TILES_16_WIDE_MIN_K = 4096
-PLANES_TILES_16_WIDE_MAX_NK = 32 * 2 ** 20
-#: 17-32 rows on weights of at least ``PLANES_TILES_32_WIDE_MIN_NK`` elements: one warpgroup on
-#: 128 features (``int4_forms2.json``: 1B lm_head 100.7 -> 77.1 us, 8B qkv 15.3 -> 13.1, 8B o
-#: 11.0 -> 9.8, 1B down 11.3 -> 10.2, the rest within 3%; on 1B qkv and o, 6M and 4M elements,
-#: 7.6 -> 8.4 and 7.3 -> 8.2: those keep 64 features).
-PLANES_TILES_32_WIDE_MIN_NK = 16 * 2 ** 20
-#: 17-32 rows on the large weights (``PLANES_TILES_64_LARGE_MIN_NK``) with K >= 8192 (8B down):
-#: two 16-row tiles on 128 features (``int4_forms3.json``: 30.2 -> 27.2 us); with N >= 16384 and
-#: K 4096..8191 (8B gate_up): the 64-row large tile, half its rows padding (46.0 us at 64 rows
-#: against 49.3 for 32-row tiles on 128 features). The 1B head (K = 2048) keeps the wide 32-row tile.
-PLANES_TILES_32_LONG_K = 8192
-PLANES_TILES_32_AS_64_MIN_N = 16384
-PLANES_TILES_32_AS_64_MIN_K = 4096
-#: 33-64 rows by the weight's size N*K (H100, CUDA graphs over L2-cold weights, bf16 x, g128,
-#: M=64, ``results/h100/2026-11-27-547b7e0``): from 48*2**20 (8B down and gate_up, 1B lm_head) 256
-#: features, 8 warps, no split: 30.7 vs 39.0, 46.8 vs 61.7, 96.5 vs 123.3 us. Up to 16*2**20 (1B
-#: down, 8B o) two M tiles of 32 rows, one warpgroup on 128 features (``int4_forms3.json``: 16.4
-#: -> 14.8, 16.2 -> 14.1 us against 64 rows on 64 features). Between them (1B gate_up, 8B qkv)
-#: ``PLANES_TILES[64]`` was best.
-PLANES_TILES_64_SMALL_MAX_NK = 16 * 2 ** 20
-PLANES_TILES_64_LARGE = (256, 8, 3, 1, 1, False)
-PLANES_TILES_64_LARGE_MIN_NK = 48 * 2 ** 20
-#: A planes weight runs the decode variant's GEMV (it reads the planes layout, groups of >= 128)
-#: up to this many rows; from 2 rows the planes kernel with 16 padded rows is faster (same run,
-#: ``planes mma`` against the GEMV: M=2 1B gate_up 12.9 vs 20.3 us, 8B down 19.9 vs 34.6; M=4
-#: 13.3 vs 25.8, 20.4 vs 43.8) ...
-PLANES_GEMV_MAX_M = 1
-#: ... and at one row too on weights of at least this many elements N*K: the planes kernel pads
-#: x to 16 rows, and with two warps and two chunks per step it beat the GEMV reading the planes
-#: layout at one row (``int4_forms4.json``, us: 1B gate_up 13.1 -> 11.9, 1B down 10.3 -> 9.4,
-#: 8B qkv 11.8 -> 9.8, gate_up 38.0 -> 34.4, down 22.3 -> 17.2, 8B o 8.3 both; the 1B head 59.4).
-#: Below it (1B qkv 5.6 both, 1B o 4.2 vs 4.7) the GEMV stays.
-PLANES_MMA_MIN_NK = 16 * 2 ** 20
-#: Weights of at most this many elements (1B qkv and o) run 17-64 rows as several 16-row tiles
-#: (``int4_forms3.json``, us: M=32 1B qkv 7.6 -> 6.7, 1B o 7.3 -> 5.7 against one 32-row tile;
-#: M=64 9.5 and 7.4 against dequant+cuBLAS's 12.8 and 10.4, which the small weights ran from 33
-#: rows before) ...
-PLANES_DEQUANT_SMALL_NK = 8 * 2 ** 20
-#: ... and from this many rows dequant+cuBLAS (unmeasured for 16-row tiles beyond 64 rows), as
-#: every weight from ``problem.DEQUANT_GEMM_MIN_M`` rows.
-PLANES_DEQUANT_SMALL_MIN_M = 65
-
 
 @triton.jit
 def _group_word(gw_ptr, rows, n_mask, N, g, PER_ROW: tl.constexpr):
@@ -139,8 +71,9 @@ def _word_scale(word):
 
 
 @triton.jit
-def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: tl.constexpr):
-    """(offset + code of nibble ``i``) - (offset + zero) of each word, in x's 16-bit dtype, exact.
+def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: tl.constexpr, sc=None):
+    """(offset + code of nibble ``i``) - (offset + zero) of each word, in x's 16-bit dtype, exact;
+    times ``sc`` (the scales, x's dtype, one rounding) when given.
 
     ASM (sm_90; not under the interpreter): two words per ``prmt``: byte i//2 of each into bytes
     0 and 2 of one register, a shift by 4 for odd i, one ``lop3`` to mask both nibbles and OR the
@@ -149,45 +82,87 @@ def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: 
     alone to a 16-bit half, then packed: sm_90 PTX)."""
     if ASM:
         # operands: $0 the two results; $1, $2 two words; $3 the two zeros; $4/$5 the prmt
-        # selector, $6/$7 the shift (constants, one per packed element)
+        # selector, $6/$7 the shift (constants, one per packed element); with sc, the two
+        # scales are $4 and the selector and shift move up by one
         sel = tl.full(words.shape, (i // 2) | ((i // 2) << 4) | ((4 + i // 2) << 8) | ((4 + i // 2) << 12),
                       tl.int32)
         shift = tl.full(words.shape, 4 * (i % 2), tl.int32)
-        if CODE_MODE == 1:
-            out = tl.inline_asm_elementwise(
-                "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
-                "lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.bf16x2 $0, t, $3; }",
-                "=r,r,r,r,r,r,r,r", [words, zc, sel, shift], dtype=tl.bfloat16, is_pure=True, pack=2)
+        if sc is None:
+            if CODE_MODE == 1:
+                out = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
+                    "lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.bf16x2 $0, t, $3; }",
+                    "=r,r,r,r,r,r,r,r", [words, zc, sel, shift], dtype=tl.bfloat16, is_pure=True, pack=2)
+            else:
+                out = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
+                    "lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, t, $3; }",
+                    "=r,r,r,r,r,r,r,r", [words, zc, sel, shift], dtype=tl.float16, is_pure=True, pack=2)
         else:
-            out = tl.inline_asm_elementwise(
-                "{ .reg .b32 t; prmt.b32 t, $1, $2, $4; shr.u32 t, t, $6; "
-                "lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, t, $3; }",
-                "=r,r,r,r,r,r,r,r", [words, zc, sel, shift], dtype=tl.float16, is_pure=True, pack=2)
+            if CODE_MODE == 1:
+                out = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t; prmt.b32 t, $1, $2, $5; shr.u32 t, t, $7; "
+                    "lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.bf16x2 t, t, $3; mul.rn.bf16x2 $0, t, $4; }",
+                    "=r,r,r,r,r,r,r,r,r", [words, zc, sc, sel, shift], dtype=tl.bfloat16, is_pure=True, pack=2)
+            else:
+                out = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t; prmt.b32 t, $1, $2, $5; shr.u32 t, t, $7; "
+                    "lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 t, t, $3; mul.rn.f16x2 $0, t, $4; }",
+                    "=r,r,r,r,r,r,r,r,r", [words, zc, sc, sel, shift], dtype=tl.float16, is_pure=True, pack=2)
     else:
         out = _codes_as_float((words >> (4 * i)) & 0xF, CODE_MODE) - zc
+        if sc is not None:
+            out = out * sc
     return out
 
 
 @triton.jit
-def _planes_dot(x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.constexpr, F32_DOT: tl.constexpr,
-                CODE_MODE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """sum over planes ``first .. first+count-1`` of chunk ``q`` of (code - zero) x^T: a float32
-    (BLOCK_N, BLOCK_M) MMA sum. Nibble ``i`` of ``words`` is the A operand of columns 16i .. 16i+15;
-    ``z`` the (BLOCK_N, 1) int32 zeros."""
+def _planes_dot(acc, s, x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.constexpr, F32_DOT: tl.constexpr,
+                CODE_MODE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                K128: tl.constexpr, FOLD: tl.constexpr):
+    """``acc`` plus scale ``s`` times the sum over planes ``first .. first+count-1`` of chunk ``q``
+    of (code - zero) x^T (float32, (BLOCK_N, BLOCK_M)). Nibble ``i`` of ``words`` is the A operand
+    of columns 16i .. 16i+15; ``z`` the (BLOCK_N, 1) int32 zeros.
+
+    K128 (count == 8): the 8 planes joined into one (BLOCK_N, 128) operand of one dot, whose 8
+    MMAs Triton issues before a single wait (8 dots of K = 16 wait for each); ``x_rows`` then
+    points at 128 columns. FOLD (with K128): (code - zero) * s rounded to x's dtype is the
+    operand and ``acc`` the dot's accumulator, carried over the loop without waits."""
+    mode: tl.constexpr = 0 if F32_DOT else CODE_MODE
     if F32_DOT:       # the interpreter (its bf16 dot is wrong): float32 codes minus the zero
         zc = z.to(tl.float32)
     else:             # (offset + zero) in x's dtype, exact (integer zeros < 16): OR-ed like a code
         zc = _codes_as_float(z, CODE_MODE)
-    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for j in tl.static_range(count):
-        xi = tl.load(x_rows + (q * 128 + 16 * (first + j)), mask=m_mask[:, None], other=0.0)
+    if K128:
+        sc = None
+        if FOLD:
+            sc = s.to(zc.dtype)
+        a = tl.join(tl.join(tl.join(_plane_minus_zero(words, zc, 0, mode, ASM, sc),
+                                    _plane_minus_zero(words, zc, 1, mode, ASM, sc)),
+                            tl.join(_plane_minus_zero(words, zc, 2, mode, ASM, sc),
+                                    _plane_minus_zero(words, zc, 3, mode, ASM, sc))),
+                    tl.join(tl.join(_plane_minus_zero(words, zc, 4, mode, ASM, sc),
+                                    _plane_minus_zero(words, zc, 5, mode, ASM, sc)),
+                            tl.join(_plane_minus_zero(words, zc, 6, mode, ASM, sc),
+                                    _plane_minus_zero(words, zc, 7, mode, ASM, sc))))
+        # (n, c, p0, p1, p2) holds plane p0 + 2 p1 + 4 p2, column c: column 16 plane + c of the chunk
+        a = tl.reshape(tl.permute(a, (0, 4, 3, 2, 1)), (BLOCK_N, 128))
+        xc = tl.load(x_rows + q * 128, mask=m_mask[:, None], other=0.0)
         if F32_DOT:
-            a = _codes_as_float((words >> (4 * (first + j))) & 0xF, 0) - zc
-            xi = xi.to(tl.float32)
+            xc = xc.to(tl.float32)
+        if FOLD:
+            out = tl.dot(a, tl.trans(xc), acc)
         else:
-            a = _plane_minus_zero(words, zc, first + j, CODE_MODE, ASM)
-        part = tl.dot(a, tl.trans(xi), part)
-    return part
+            out = acc + tl.dot(a, tl.trans(xc)) * s
+    else:
+        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for j in tl.static_range(count):
+            xi = tl.load(x_rows + (q * 128 + 16 * (first + j)), mask=m_mask[:, None], other=0.0)
+            if F32_DOT:
+                xi = xi.to(tl.float32)
+            part = tl.dot(_plane_minus_zero(words, zc, first + j, mode, ASM), tl.trans(xi), part)
+        out = acc + part * s
+    return out
 
 
 @triton.jit
@@ -197,7 +172,7 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
                    PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1,
-                   SCALE_AHEAD: tl.constexpr = False):
+                   SCALE_AHEAD: tl.constexpr = False, K128: tl.constexpr = False, FOLD: tl.constexpr = False):
     """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
     one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
     columns 16i .. 16i+15 against the matching (BLOCK_M, 16) slice of x. Each group's MMA sum
@@ -216,7 +191,10 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
     m_mask = ms < M
     c16 = tl.arange(0, 16)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w + c16[None, :]
-    x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + c16[None, :]
+    if K128:
+        x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
+    else:
+        x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + c16[None, :]
     q_start = pid_k * chunks_per_split
     q_end = tl.minimum(n_chunks, q_start + chunks_per_split)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -238,9 +216,8 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
                     s_next = _word_scale(_group_word(gw_ptr, rows, n_mask, N, (q_next * 128) // GROUP, PER_ROW))
                 else:
                     s = _word_scale(word)
-                part = _planes_dot(x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M,
-                                   BLOCK_N)
-                acc += part * s
+                acc = _planes_dot(acc, s, x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M,
+                                  BLOCK_N, K128, FOLD)
     acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
@@ -249,65 +226,11 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
 _planes = TritonLauncher(_planes_kernel)
 
 
-def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM, chunks per step, scale ahead) of
-    the planes kernel: BLOCK_M the power of two >= M within 16..64 (more rows run several M tiles),
-    the rest from ``PLANES_TILES``; weights of at most 8M elements run 16-row tiles at any M;
-    9-16 rows ``PLANES_TILES_WIDE`` where K >= 4096 on weights of at most 32M elements; 17-32
-    rows ``PLANES_TILES_WIDE`` from 16M elements (from 48M: two wide 16-row tiles where K >=
-    8192, the 64-row large tile where N >= 16384 and K >= 4096); 33-64 rows by the weight's size,
-    two 32-row ``PLANES_TILES_WIDE`` tiles up to 16M elements, ``PLANES_TILES_64_LARGE`` from 48M.
-
-    Example:
-        >>> def tiles(m, n, k):
-        ...     return planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
-        >>> tiles(16, 28672, 4096), tiles(8, 4096, 4096), tiles(64, 2048, 2048)      # two warps, two chunks
-        ((16, 64, 2, 3, 4, 2, False), (16, 64, 2, 3, 4, 2, False), (16, 64, 2, 3, 4, 2, False))
-        >>> tiles(16, 4096, 4096), tiles(32, 4096, 14336)                          # one warpgroup, 128 features
-        ((16, 128, 4, 4, 4, 1, False), (16, 128, 4, 4, 4, 1, False))
-        >>> tiles(24, 4096, 4096), tiles(64, 4096, 4096)
-        ((32, 128, 4, 4, 4, 1, False), (32, 128, 4, 4, 4, 1, False))
-        >>> tiles(40, 6144, 4096), tiles(32, 28672, 4096), tiles(64, 28672, 4096)
-        ((64, 128, 8, 3, 2, 1, True), (64, 256, 8, 3, 1, 1, False), (64, 256, 8, 3, 1, 1, False))
-    """
-    block_m = min(PLANES_MAX_BLOCK_M, max(16, _pow2_ge(p.m)))
-    if p.n * p.k <= PLANES_DEQUANT_SMALL_NK:
-        return (16,) + PLANES_TILES[16]
-    if (block_m == 16 and p.m >= PLANES_TILES_16_WIDE_MIN_M and p.k >= PLANES_TILES_16_WIDE_MIN_K
-            and p.n * p.k <= PLANES_TILES_16_WIDE_MAX_NK):
-        return (block_m,) + PLANES_TILES_WIDE
-    if block_m == 32 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
-        if p.k >= PLANES_TILES_32_LONG_K:
-            return (16,) + PLANES_TILES_WIDE
-        if p.n >= PLANES_TILES_32_AS_64_MIN_N and p.k >= PLANES_TILES_32_AS_64_MIN_K:
-            return (64,) + PLANES_TILES_64_LARGE
-    if block_m == 32 and p.n * p.k >= PLANES_TILES_32_WIDE_MIN_NK:
-        return (block_m,) + PLANES_TILES_WIDE
-    if block_m == 64 and p.n * p.k <= PLANES_TILES_64_SMALL_MAX_NK:
-        return (32,) + PLANES_TILES_WIDE
-    if block_m == 64 and p.n * p.k >= PLANES_TILES_64_LARGE_MIN_NK:
-        return (block_m,) + PLANES_TILES_64_LARGE
-    return (block_m,) + PLANES_TILES[block_m]
-
-
-def planes_gemv(p: LinearProblem) -> bool:
-    """Whether the GEMV kernel runs a planes-layout problem (``PLANES_GEMV_MAX_M`` rows, N*K under
-    ``PLANES_MMA_MIN_NK``; groups of at least one 128-code chunk, so a GEMV tile covers whole groups
-    in either layout)."""
-    return (p.m <= PLANES_GEMV_MAX_M and p.n * p.k < PLANES_MMA_MIN_NK
-            and (p.group >= 128 or p.group >= p.k))
-
-
-def planes_dequant(p: LinearProblem) -> bool:
-    """Whether dequant+cuBLAS runs a planes-layout problem: ``p.large``, or small weights from
-    ``PLANES_DEQUANT_SMALL_MIN_M`` rows (``PLANES_DEQUANT_SMALL_NK``)."""
-    return p.large or (p.m >= PLANES_DEQUANT_SMALL_MIN_M and p.n * p.k <= PLANES_DEQUANT_SMALL_NK)
-
-
 def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: Optional[int] = None,
                   fixup: bool = False, asm: Optional[bool] = None) -> torch.Tensor:
-    """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit
-    (BLOCK_M, BLOCK_N, warps, stages[, programs per SM[, chunks per step[, scale ahead]]]);
+    """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit (BLOCK_M,
+    BLOCK_N, warps, stages[, programs per SM[, chunks per step[, scale ahead[, K = 128 dot[, scale
+    folded]]]]]) (the K = 128 dot needs groups of >= 128 codes; smaller groups run per plane);
     K splits aim at ``programs_per_sm`` (default: the config's); ``fixup`` adds the split partials
     in the kernel (the last split of a tile) instead of the combine kernel; ``asm`` unpacks two
     codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except under the interpreter,
@@ -320,6 +243,8 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     chunks = config[5] if len(config) > 5 else 1
     scale_ahead = bool(config[6]) if len(config) > 6 else False
     per_row = w.group_size == -1 or w.group >= p.k
+    k128 = bool(config[7]) and (per_row or w.group >= 128) if len(config) > 7 else False
+    fold = k128 and bool(config[8]) if len(config) > 8 else False
     m_tiles, n_tiles = cdiv(p.m, block_m), cdiv(p.n, block_n)
     tiles = m_tiles * n_tiles
     byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
@@ -338,7 +263,7 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     _planes((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
                              w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
                              w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
-                             asm, dependent, chunks, scale_ahead),
+                             asm, dependent, chunks, scale_ahead, k128, fold),
             num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         mn = p.m * p.n
