@@ -18,7 +18,7 @@ step, scale ahead, one K = 128 dot, scale folded); ``planes_config`` puts BLOCK_
   1.7e-3 unfolded, bf16 x; the tolerance is 1e-2). Only where it was measurably faster.
 
 Measured (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``benchmarks/tools/int4_candidate.py``;
-``results/h100/2026-11-27-1a7e726/fold_probe{,2,3}.json``), us before -> after:
+``results/h100/2026-11-27-029a7c4/fold_probe{,2,3}.json``), us before -> after:
 
 * 1 row (the planes kernel from ``PLANES_MMA_MIN_NK``): two warps, two chunks, no K = 128 dot.
   The K = 128 dot and four warps were no faster at one row (8B gate_up 34.0 vs 34.6 and 31.6,
