@@ -220,16 +220,20 @@ def test_one_k128_dot_per_chunk_and_the_folded_scale(group_size, symmetric, dtyp
 
 
 def test_the_rules_pick_the_k128_dot_except_at_one_row_and_fold_on_two_tiles():
+    """K = 128 dots from 2 rows (not on the middle weights from 65 rows), the fold only on the
+    large and two-32-row tiles from 33 rows."""
     def tiles(m, n, k):
         return pt.planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
     shapes = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (6144, 4096), (28672, 4096), (4096, 14336)]
     for m in (2, 8, 9, 16, 17, 32, 33, 64, 128):
         for n, k in shapes:
             config = tiles(m, n, k)
-            assert config[7], (m, n, k)
+            per_plane = m > 64 and pt.PLANES_SMALL_MAX_NK < n * k <= pt.PLANES_MIDDLE_MAX_NK
+            assert config[7] != per_plane, (m, n, k)
             folded = config[1:] in (pt.PLANES_TILE_LARGE, pt.PLANES_TILE_WIDE_FOLDED)
             assert config[8] == folded and (not folded or m > 32), (m, n, k)
     assert not any(tiles(1, n, k)[7] for n, k in shapes)
+    assert tiles(128, 4096, 4096)[1:] == pt.PLANES_TILE_WIDE_PER_PLANE
 
 
 def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():

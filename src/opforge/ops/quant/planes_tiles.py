@@ -42,7 +42,10 @@ Measured (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``benchmarks/too
   unfolded, 40 B folded) and on two 32-row tiles of 128 features (up to 16M elements: 1B down
   14.8 -> 12.6, 8B o 14.2 -> 11.9); weights up to 8M elements (1B qkv, o) as 16-row two-warp
   tiles (9.6 -> 7.7, 7.4 -> 7.4); between, two warpgroups on 128 features, scale ahead (1B
-  gate_up 17.7 -> 15.1, 8B qkv 19.1 -> 18.3; folded 21.8, 23.0).
+  gate_up 17.7 -> 15.1, 8B qkv 19.1 -> 18.3; folded 21.8, 23.0). At 65+ rows (``quant_batch``,
+  ``results/h100/2026-11-27-029a7c4/quant_batch.json``) the folded large tile kept its lead (96
+  rows: 8B gate_up 95.1 -> 86.1, down 51.3 -> 46.2, 1B head 192.5 -> 175.3) but the folded 32-row
+  tiles lost on 8B o (26.4 -> 33.0), so from 65 rows those run a dot per plane, unfolded, as before.
 """
 from __future__ import annotations
 
@@ -63,6 +66,9 @@ PLANES_TILE_FOUR_WARPS = (64, 4, 4, 4, 1, False, True, False)
 PLANES_TILE_WIDE = (128, 4, 4, 4, 1, False, True, False)
 #: 33+ rows up to ``PLANES_MIDDLE_MAX_NK``: two 32-row tiles of one warpgroup on 128 features, scale folded
 PLANES_TILE_WIDE_FOLDED = (128, 4, 4, 4, 1, False, True, True)
+#: 65+ rows up to ``PLANES_MIDDLE_MAX_NK``: the same 32-row tiles, a dot per plane, the scale unfolded
+#: (``quant_batch`` at 96 / 128 rows, 8B o: 26.4 / 26.1 us, folded 33.0 / 33.0)
+PLANES_TILE_WIDE_PER_PLANE = (128, 4, 4, 4, 1, False, False, False)
 #: 33+ rows between: two warpgroups on 128 features, 3 stages, scale ahead, 2 programs per SM
 PLANES_TILE_EIGHT_WARPS = (128, 8, 3, 2, 1, True, True, False)
 #: 33+ rows from ``PLANES_LARGE_MIN_NK``: 256 features, 8 warps, no K split, scale folded
@@ -107,6 +113,8 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
         (32, 64, 4, 4, 4, 1, False, True, False)
         >>> tiles(64, 2048, 2048), tiles(64, 4096, 4096), tiles(64, 6144, 4096), tiles(100, 28672, 4096)
         ((16, 64, 2, 3, 4, 2, False, True, False), (32, 128, 4, 4, 4, 1, False, True, True), (64, 128, 8, 3, 2, 1, True, True, False), (64, 256, 8, 3, 1, 1, False, True, True))
+        >>> tiles(100, 4096, 4096)
+        (32, 128, 4, 4, 4, 1, False, False, False)
     """
     nk = p.n * p.k
     if p.m <= 1:
@@ -124,7 +132,7 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
     if nk <= PLANES_SMALL_MAX_NK:
         return (16,) + PLANES_TILE_TWO_WARPS
     if nk <= PLANES_MIDDLE_MAX_NK:
-        return (32,) + PLANES_TILE_WIDE_FOLDED
+        return (32,) + (PLANES_TILE_WIDE_FOLDED if p.m <= PLANES_MAX_BLOCK_M else PLANES_TILE_WIDE_PER_PLANE)
     if nk >= PLANES_LARGE_MIN_NK:
         return (PLANES_MAX_BLOCK_M,) + PLANES_TILE_LARGE
     return (PLANES_MAX_BLOCK_M,) + PLANES_TILE_EIGHT_WARPS
