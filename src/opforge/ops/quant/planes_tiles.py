@@ -24,7 +24,7 @@ Measured (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``benchmarks/too
   The K = 128 dot and four warps were no faster at one row (8B gate_up 34.0 vs 34.6 and 31.6,
   8B down 17.1 vs 17.2 and 18.5, 8B head 116 vs 121 and 134).
 * 2-8 rows: four warps, 2 programs per SM, K = 128 dot on weights under 48M elements (1B qkv
-  5.8 -> 5.0, 1B o 4.9 -> 4.6, 1B down 9.3 -> 7.7, 8B o 8.3 -> 7.2 at 2 rows); from 48M two
+  5.8 -> 5.0, 1B o 4.9 -> 4.6, 1B down 9.3 -> 7.7, 8B o 8.3 -> 7.2 at 2 rows; 8B qkv 9.9 -> 10.3); from 48M two
   warps with the K = 128 dot (8B gate_up 34.2 -> 28.2, 8B head 117.6 -> 107.7, 8B down 17.4 ->
   17.1). Same order at 4 and 8 rows.
 * 9-16 rows: the output heads (from 128M elements) two warps with the K = 128 dot (1B head 65.9
