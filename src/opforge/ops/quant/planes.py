@@ -23,7 +23,9 @@ What this variant changes, each checked in the sm_90 TTGIR/PTX (``int4_candidate
   of the zero (``_plane_minus_zero``): ~2 instructions per code where the plain ops take ~3.5.
 * Zero before the MMA, exactly: ``(2**7 + code) - (2**7 + zero)`` in x's 16-bit dtype is an
   integer of at most 5 bits (integer zeros in [0, 16)); no sum of x. The scale multiplies each
-  group's float32 MMA sum: as in the other kernels no dequantized weight is rounded to 16 bits.
+  group's float32 MMA sum, so no dequantized weight is rounded to 16 bits, except on the tiles
+  that fold the scale into the codes (``FOLD``: the weight rounded once, as dequant+cuBLAS does).
+* One K = 128 dot per chunk (``K128``): Triton waits once per chunk for its MMAs, not per plane.
 * Scale and zero in one int32 word per group and row (``weight.group_words``, same 4 bytes as
   the two 16-bit values), a 2-D tile that the software pipeline copies ahead with the codes.
 
