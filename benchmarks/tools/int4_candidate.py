@@ -19,7 +19,7 @@
 
     PYTHONPATH=src python3 benchmarks/tools/int4_candidate.py                 # H100: under 3 minutes
     PYTHONPATH=src python3 benchmarks/tools/int4_candidate.py --cpu-smoke     # the logic, interpreter
-    PYTHONPATH=src python3 benchmarks/tools/int4_candidate.py --ptx           # sm_90 compile report, no GPU
+    PYTHONPATH=src python3 benchmarks/tools/int4_candidate.py --ptx           # the product tiles compiled for sm_90, no GPU
 """
 from __future__ import annotations
 
@@ -209,49 +209,51 @@ def summary() -> list[str]:
 
 
 def ptx_report() -> int:
-    """The candidate's tiles compiled for sm_90 (no GPU): registers, spills, shared memory, and
-    whether the codes stay in registers (no ``local_alloc`` inside the K loop)."""
+    """The product's tiles (``planes_tiles.PLANES_TILE_*``) compiled for sm_90 (no GPU):
+    registers, spills, shared memory, the wgmma waits and whether the codes stay in registers
+    (no ``local_alloc`` inside the K loop)."""
+    import re
+
     from quant_ptx import report
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     import triton
 
+    from opforge.ops.quant import planes_tiles
+
     kernel = planes._planes_kernel
     ints = ("M", "N", "stride_xm", "stride_w", "chunks_per_split", "n_chunks", "m_tiles", "n_splits")
     aligned = ("x_ptr", "w_ptr", "gw_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
+    block_ms = {"ONE_ROW": 16, "TWO_WARPS": 16, "FEW_ROWS": 16, "FOUR_WARPS": 32, "WIDE": 16, "WIDE_FOLDED": 32,
+                "WIDE_PER_PLANE": 32, "EIGHT_WARPS": 64, "LARGE": 64}
     failures = 0
-    for (block_m, block_n, warps, stages), asm, x, group, chunks in [
-            ((16, 64, 2, 3), True, "bf16", 128, 2), ((16, 64, 2, 3), False, "bf16", 128, 2),
-            ((16, 64, 2, 3), True, "fp16", 128, 2), ((16, 64, 2, 3), True, "bf16", 32, 2),
-            ((16, 64, 4, 4), True, "bf16", 128, 1), ((16, 128, 4, 4), True, "bf16", 128, 1),
-            ((16, 128, 2, 3), True, "bf16", 128, 2), ((32, 64, 4, 4), True, "bf16", 128, 1),
-            ((32, 64, 2, 3), True, "bf16", 128, 2), ((32, 128, 4, 4), True, "bf16", 128, 1),
-            ((64, 128, 8, 3), True, "bf16", 128, 1), ((64, 64, 4, 3), True, "bf16", 128, 1),
-            ((64, 256, 8, 3), True, "bf16", 128, 1)]:
-        consts = dict(GROUP=group, PER_ROW=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False, F32_DOT=False,
-                      CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=asm, PDL=False,
-                      CHUNKS=chunks)
-        sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*" + x,
-               "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
-        sig.update({a: "i32" for a in ints})
-        sig.update({k: "constexpr" for k in consts})
-        attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-        try:
-            compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
-                                      target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
-                                                                                 "num_stages": stages})
-        except Exception as exc:
-            failures += 1
-            label = f"({block_m}, {block_n}) w{warps} s{stages} c{chunks} asm={asm} {x} g{group}"
-            print(f"{label}: {type(exc).__name__}: {exc}"[:400])
-            continue
-        ttgir = compiled.asm["ttgir"]
-        loop = ttgir[ttgir.index("scf.for"):]
-        loop = loop[:loop.index("scf.yield")]
-        print(f"({block_m}, {block_n}) w{warps} s{stages} c{chunks} asm={asm} {x} g{group}: {report(compiled)}, in the K loop "
-              f"{loop.count('ttg.local_alloc')} local_alloc (codes through shared memory), "
-              f"{loop.count('async_copy_global_to_local')} pipelined copies, {loop.count('tt.load')} plain loads",
-              flush=True)
+    for name, block_m in block_ms.items():
+        block_n, warps, stages, _, chunks, ahead, k128, fold = getattr(planes_tiles, "PLANES_TILE_" + name)
+        for x, group in [("bf16", 128), ("fp16", 128), ("bf16", 32)]:
+            consts = dict(GROUP=group, PER_ROW=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False, F32_DOT=False,
+                          CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=True, PDL=False,
+                          CHUNKS=chunks, SCALE_AHEAD=ahead, K128=k128 and group >= 128, FOLD=fold and group >= 128)
+            sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*" + x,
+                   "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+            sig.update({a: "i32" for a in ints})
+            sig.update({k: "constexpr" for k in consts})
+            attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+            label = f"{name} (BLOCK_M {block_m}) {x} g{group}"
+            try:
+                compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
+                                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
+                                                                                     "num_stages": stages})
+            except Exception as exc:
+                failures += 1
+                print(f"{label}: {type(exc).__name__}: {exc}"[:400])
+                continue
+            ttgir = compiled.asm["ttgir"]
+            loop = ttgir[ttgir.index("scf.for"):]
+            loop = loop[:loop.index("scf.yield")]
+            waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", compiled.asm["ptx"])
+            print(f"{label}: {report(compiled)}, in the K loop {loop.count('ttg.local_alloc')} local_alloc (codes "
+                  f"through shared memory), {loop.count('async_copy_global_to_local')} pipelined copies; wgmma waits "
+                  f"{len(waits)} (pendings {sorted(set(waits))})", flush=True)
     return 1 if failures else 0
 
 
