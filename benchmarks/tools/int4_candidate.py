@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from opforge.ops.quant import planes, repack
+from opforge.ops.quant import planes, planes_tiles, repack
 from opforge.ops.quant.problem import prepare
 from opforge.testing import TOLERANCE, rel_error
 
@@ -124,7 +124,7 @@ def check(label: str, fn: Callable[[], torch.Tensor], want: torch.Tensor, dtype:
 
 def form_fn(call: Any, kwargs: dict) -> Callable[[], torch.Tensor]:
     if "extra" in kwargs:
-        kwargs = {"config": tuple(planes.planes_config(call.problem)) + tuple(kwargs["extra"])}
+        kwargs = {"config": tuple(planes_tiles.planes_config(call.problem)) + tuple(kwargs["extra"])}
 
     def run() -> torch.Tensor:
         return planes.launch_planes(call, **kwargs)
@@ -152,7 +152,7 @@ def shape_rows(n: int, k: int, label: str, ms: tuple, device: str, deadline: flo
         if check(f"{label} M={m} planes", lambda: opforge.linear(x, ps[0]), want, torch.bfloat16):
             timed["planes"] = [lambda p=p: opforge.linear(x, p) for p in ps]
         calls = [prepare(x, p, None) for p in ps]
-        row["planes_config"] = planes.planes_config(calls[0].problem)
+        row["planes_config"] = planes_tiles.planes_config(calls[0].problem)
         for name, (kwargs, rows) in FORMS.items():
             if m in rows and check(f"{label} M={m} {name}", form_fn(calls[0], kwargs), want, torch.bfloat16):
                 timed[name] = [form_fn(c, kwargs) for c in calls]
@@ -219,7 +219,6 @@ def ptx_report() -> int:
     from triton.compiler import ASTSource
     import triton
 
-    from opforge.ops.quant import planes_tiles
 
     kernel = planes._planes_kernel
     ints = ("M", "N", "stride_xm", "stride_w", "chunks_per_split", "n_chunks", "m_tiles", "n_splits")

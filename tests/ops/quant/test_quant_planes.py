@@ -131,8 +131,8 @@ def test_planes_kernel_matches_the_weight_it_holds(m, group_size, symmetric, dty
     assert y.shape == (m, 96) and y.dtype == dtype
     assert rel_error(y, oracle(x, qw)) < TOLERANCE[dtype]
     by_default = planes.supports_planes(call.problem) is None
-    small = 96 * 256 <= planes.PLANES_SMALL_MAX_NK
-    assert by_default == (m > 1 and not (m >= planes.PLANES_DEQUANT_SMALL_MIN_M and small))
+    small = 96 * 256 <= pt.PLANES_SMALL_MAX_NK
+    assert by_default == (m > 1 and not (m >= pt.PLANES_DEQUANT_SMALL_MIN_M and small))
     if by_default:
         assert rel_error(run_planes(x, pw), oracle(x, qw)) < TOLERANCE[dtype]
 

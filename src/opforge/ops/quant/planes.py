@@ -50,8 +50,7 @@ from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import epilogue
 from .config import MAX_SPLIT, PROGRAMS_PER_SM, _split, code_mode
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
-from .planes_tiles import (PLANES_DEQUANT_SMALL_MIN_M, PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK,  # noqa: F401
-                           PLANES_SMALL_MAX_NK, planes_config, planes_dequant, planes_gemv)
+from .planes_tiles import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, planes_config, planes_dequant, planes_gemv
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
 

@@ -74,8 +74,8 @@ from . import problem as qproblem
 from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
 from .kernel_parts import _codes_as_float, _combine, _counters, _store
-from .planes import (PLANES_DEQUANT_SMALL_MIN_M, PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, launch_planes, planes_dequant,
-                     planes_gemv, supports_planes)
+from .planes import launch_planes, supports_planes
+from .planes_tiles import PLANES_DEQUANT_SMALL_MIN_M, PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, planes_dequant, planes_gemv
 from .problem import LinearCall, LinearProblem
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -552,7 +552,7 @@ def supports_decode(p: LinearProblem):
 
 def _planes_gemv_reason(p: LinearProblem):
     """A planes-layout weight runs in the decode variant only through the GEMV kernel
-    (``planes.planes_gemv``: one row, N*K under ``PLANES_MMA_MIN_NK``, groups of at least one
+    (``planes_tiles.planes_gemv``: one row, N*K under ``PLANES_MMA_MIN_NK``, groups of at least one
     128-code chunk; ``_code_columns``)."""
     reason = _dtype_reason(p)
     if reason:
@@ -565,7 +565,7 @@ def _planes_gemv_reason(p: LinearProblem):
 
 
 def supports_dequant_gemm(p: LinearProblem):
-    if p.planes:   # the dequantize kernel reads the planes layout (planes.planes_dequant)
+    if p.planes:   # the dequantize kernel reads the planes layout (planes_tiles.planes_dequant)
         large = None if planes_dequant(p) else (f"the weight is in the planes layout: dequant+cuBLAS takes it from "
                                                 f"M={qproblem.DEQUANT_GEMM_MIN_M} rows (small weights from "
                                                 f"M={PLANES_DEQUANT_SMALL_MIN_M}), not M={p.m} with N*K={p.n * p.k}")
