@@ -1,16 +1,19 @@
 """Where a 1B decode step's microseconds go: the step's CUDA graph timed whole, then with one kind
-of kernel left out at a time (its call returns an input instead of launching), batch 1, context
-512. A difference is the most a fusion that removes those launches can save; it is timing only
+of kernel left out at a time (its call returns an input instead of launching), at a batch size
+(default 1), context 512. A difference is the most a fusion that removes those launches can save; it is timing only
 (the ablated steps compute nothing useful and are not checked).
 
 Kinds: the norms (``rms_norm``, ``add_rms_norm``), ``swiglu``, the rotary + KV-cache append, decode
-attention (split + merge), every ``linear`` (the GEMVs: what is left is everything else), and all
-but the GEMVs. Precisions: bf16 and int4 with the head quantized (planes, rows).
+attention (split + merge), every ``linear`` (the GEMVs: what is left is everything else), the
+output head's ``linear`` alone, the attention projections' (q|k|v and o) alone, and all but the
+GEMVs. Precisions: bf16 and int4 with the head quantized (planes, rows).
 
     PYTHONPATH=src python benchmarks/tools/decode_step_ablation.py    # JSON in $OUT/decode_step_ablation.json
+    PYTHONPATH=src python benchmarks/tools/decode_step_ablation.py --batch 32 --precisions bf16,planes
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -29,7 +32,22 @@ NON_GEMV = ("norms", "swiglu", "rotary_append", "attention")
 
 
 def _patches(kind: str, zeros: dict) -> dict:
+    real_linear = opforge.linear
+
+    def left_out(w) -> bool:
+        """Whether this kind leaves the call on ``w`` out: every linear, or the output head (the
+        one weight with the vocabulary's rows), or the attention projections (q|k|v: 1.5 hidden
+        rows at most; o: square)."""
+        n, k = w.shape   # a QuantizedWeight's shape is the logical (N, K) too
+        if kind == "head":
+            return n == LLAMA_1B["vocab_size"]
+        if kind == "qkv_o":
+            return n <= 2 * LLAMA_1B["hidden_size"] and n != LLAMA_1B["vocab_size"] and k == LLAMA_1B["hidden_size"]
+        return True
+
     def no_linear(x, w, bias=None, activation=None):
+        if not left_out(w):
+            return real_linear(x, w, bias=bias, activation=activation)
         shape = (*x.shape[:-1], w.shape[0] // (2 if activation else 1))
         if shape not in zeros:            # filled by the warm-up run, before the capture
             zeros[shape] = torch.zeros(shape, dtype=x.dtype, device=x.device)
@@ -38,7 +56,7 @@ def _patches(kind: str, zeros: dict) -> dict:
              "swiglu": {"swiglu": lambda g, u: g},
              "rotary_append": {"rotary_kv_cache_append": lambda q, k, v, kc, vc, s, cos, sin, check=True: q},
              "attention": {"decode_attention": lambda q, k, v, total, scale=None: q},
-             "linear": {"linear": no_linear}}
+             "linear": {"linear": no_linear}, "head": {"linear": no_linear}, "qkv_o": {"linear": no_linear}}
     if kind == "non_gemv":
         out = {}
         for name in NON_GEMV:
@@ -47,42 +65,72 @@ def _patches(kind: str, zeros: dict) -> dict:
     return table.get(kind, {})
 
 
-def step_us(model, kind: str, replays: int = 50) -> float:
-    """GPU time of one decode step (batch 1, its cache as filled) with ``kind`` left out: the
+def step_us(model, kind: str, batch: int = 1, replays: int = 50) -> float:
+    """GPU time of one decode step (``batch`` rows, its cache as filled) with ``kind`` left out: the
     patches are in place while the step is warmed up and captured, then restored."""
     zeros: dict = {}
     saved = {name: getattr(opforge, name) for name in _patches(kind, zeros)}
     for name, fn in _patches(kind, zeros).items():
         setattr(opforge, name, fn)
-    tokens = torch.zeros((1,), dtype=torch.long, device="cuda")
+    tokens = torch.zeros((batch,), dtype=torch.long, device="cuda")
     try:
-        return graph_us([lambda: model.decode_step(tokens, model.cache_seqlens[:1], float_logits=False)], replays)
+        return graph_us([lambda: model.decode_step(tokens, model.cache_seqlens[:batch], float_logits=False)], replays)
     finally:
         for name, fn in saved.items():
             setattr(opforge, name, fn)
 
 
+def kernel_table(model, batch: int, steps: int = 20) -> list[dict]:
+    """GPU time per step of each kernel name in the full step (torch.profiler over eager steps,
+    whose kernels are the graph's), the most expensive first."""
+    tokens = torch.zeros((batch,), dtype=torch.long, device="cuda")
+    step = lambda: model.decode_step(tokens, model.cache_seqlens[:batch], float_logits=False)  # noqa: E731
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    rows = [{"kernel": e.key[:90], "us_per_step": e.device_time_total / steps, "calls_per_step": e.count / steps}
+            for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+PRECISIONS = {"bf16": ("bf16", None, None), "planes": ("int4-head planes", "int4", "planes"),
+              "rows": ("int4-head rows", "int4", "rows")}
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--precisions", default="bf16,planes,rows", help=f"comma-separated, of {sorted(PRECISIONS)}")
+    parser.add_argument("--profile", action="store_true", help="also each kernel's GPU time per step")
+    args = parser.parse_args()
+    batch = args.batch
     directory = tempfile.mkdtemp(prefix="opforge-ablation-")
     write_random_checkpoint(LLAMA_1B, directory, "cuda")
-    result = {"device": torch.cuda.get_device_name(), "context": CONTEXT, "rows": []}
-    kinds = ["full", "norms", "swiglu", "rotary_append", "attention", "linear", "non_gemv"]
-    for precision, quantize, layout in (("bf16", None, None), ("int4-head planes", "int4", "planes"),
-                                        ("int4-head rows", "int4", "rows")):
+    result = {"device": torch.cuda.get_device_name(), "context": CONTEXT, "batch": batch, "rows": []}
+    kinds = ["full", "norms", "swiglu", "rotary_append", "attention", "linear", "head", "qkv_o", "non_gemv"]
+    for precision, quantize, layout in (PRECISIONS[name] for name in args.precisions.split(",")):
         model = load(directory, device="cuda", dtype=torch.bfloat16, quantize=quantize, quantize_head=bool(quantize),
-                     max_seq_len=1024, max_batch=1, int4_layout=layout)
-        ids = torch.randint(0, model.config.vocab_size, (1, CONTEXT))
-        model.prefill(ids, torch.tensor([CONTEXT]))
+                     max_seq_len=1024, max_batch=batch, int4_layout=layout)
+        ids = torch.randint(0, model.config.vocab_size, (batch, CONTEXT))
+        model.prefill(ids, torch.tensor([CONTEXT] * batch))
         row = {"precision": precision}
         for kind in kinds:
-            row[kind] = step_us(model, kind)
+            row[kind] = step_us(model, kind, batch)
         full = row["full"]
         row["saved_us"] = {k: round(full - row[k], 1) for k in kinds[1:]}
         print(precision, {k: round(row[k], 1) for k in kinds}, "saved", row["saved_us"], flush=True)
+        if args.profile:
+            row["kernels"] = kernel_table(model, batch)
+            for r in row["kernels"][:25]:
+                print(f"  {r['us_per_step']:8.1f} us  x{r['calls_per_step']:5.1f}  {r['kernel']}", flush=True)
         result["rows"].append(row)
         del model
         torch.cuda.empty_cache()
-    write_json(result, "decode_step_ablation.json")
+    write_json(result, "decode_step_ablation.json" if batch == 1 else f"decode_step_ablation_b{batch}.json")
     return 0
 
 

@@ -1,13 +1,15 @@
 """Where ``generate``'s time per token goes beyond the decode step's: the 1B model (random
-weights, bf16 and int4 with the head quantized), one prompt of 512 tokens, 64 new tokens, under
-``torch.profiler``. Reports wall time per token, the GPU's busy time per token (the union of
-kernel intervals: programmatic dependent launch overlaps kernels) and its idle gaps, and the
-kernels' summed time per token by name.
+weights, bf16 and int4 with the head quantized), prompts of 512 tokens (one, or ``--batch``), 64
+new tokens, under ``torch.profiler``. Reports wall time per decode step, the GPU's busy share of
+it (the union of kernel intervals: programmatic dependent launch overlaps kernels) and its idle
+gaps, and the kernels' summed time per step by name.
 
     PYTHONPATH=src python benchmarks/tools/generate_gaps.py    # JSON in $OUT/generate_gaps.json
+    PYTHONPATH=src python benchmarks/tools/generate_gaps.py --batch 32    # generate_gaps_b32.json
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -39,13 +41,16 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=1)
+    batch = parser.parse_args().batch
     directory = tempfile.mkdtemp(prefix="opforge-gaps-")
     write_random_checkpoint(LLAMA_1B, directory, "cuda")
-    result = {"device": torch.cuda.get_device_name(), "rows": []}
+    result = {"device": torch.cuda.get_device_name(), "batch": batch, "rows": []}
     for precision, quantize in (("bf16", None), ("int4-head", "int4")):
         model = load(directory, device="cuda", dtype=torch.bfloat16, quantize=quantize, quantize_head=bool(quantize),
-                     max_seq_len=1024, max_batch=1)
-        prompt = torch.randint(0, model.config.vocab_size, (1, CONTEXT))
+                     max_seq_len=1024, max_batch=batch)
+        prompt = torch.randint(0, model.config.vocab_size, (batch, CONTEXT))
         generate(model, prompt, NEW)
         rates = []
         for _ in range(3):
@@ -77,18 +82,18 @@ def main() -> int:
         per_name = defaultdict(float)
         for e in window:
             per_name[e.name[:70]] += e.time_range.end - e.time_range.start
-        tokens_in_window = span / (1e6 / sorted(rates)[1])
+        steps_in_window = span / (1e6 * batch / sorted(rates)[1])
         row = {"precision": precision, "decode_tokens_per_s": sorted(rates)[1], "profiled_wall_s": wall,
-               "window_us": span, "busy_fraction": busy / span, "tokens_in_window": tokens_in_window,
+               "window_us": span, "busy_fraction": busy / span, "steps_in_window": steps_in_window,
                "gaps_over_3us": len(gaps), "gap_us_total": sum(g[0] for g in gaps), "largest_gaps": sorted(gaps)[-8:],
                "argmax_kernels": steps,
-               "kernels_us_per_token": {k: round(v / tokens_in_window, 2) for k, v in
+               "kernels_us_per_step": {k: round(v / steps_in_window, 2) for k, v in
                                         sorted(per_name.items(), key=lambda kv: -kv[1])[:25]}}
         print(json.dumps(row, indent=1), flush=True)
         result["rows"].append(row)
         del model
         torch.cuda.empty_cache()
-    write_json(result, "generate_gaps.json")
+    write_json(result, "generate_gaps.json" if batch == 1 else f"generate_gaps_b{batch}.json")
     return 0
 
 

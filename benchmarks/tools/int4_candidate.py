@@ -98,12 +98,12 @@ ROWS_LATER = (1, 2, 4, 8, 32)   # M = 1: "planes" is the GEMV reading the planes
 FORMS: dict[str, tuple[dict, tuple]] = {
     # config: (BLOCK_M, BLOCK_N, warps, stages, programs per SM, chunks per step, scale ahead, one
     # K = 128 dot per chunk, scale folded into the codes); "extra": those last two appended to the
-    # default tiles of the shape. A BLOCK_M below M runs several M tiles, side by side on the same
-    # weight tile (L2 shares it). At one row the forms run the planes kernel on 16 padded rows.
-    "k128": ({"extra": (True, False)}, (1, 2, 4, 8)),
-    "16x64 w4 k128": ({"config": (16, 64, 4, 4, 4, 1, False, True, False)}, (1, 2, 4, 8)),
-    "16x64 w4 pps2 k128": ({"config": (16, 64, 4, 4, 2, 1, False, True, False)}, (1, 2, 4, 8)),
-    "16x128 w4 k128": ({"config": (16, 128, 4, 4, 4, 1, False, True, False)}, (8,)),
+    # default tiles of the shape; "fixup": the K splits added in the kernel by each tile's last
+    # split (one launch) instead of the combine kernel. A BLOCK_M below M runs several M tiles,
+    # side by side on the same weight tile (L2 shares it). At one row the forms run the planes
+    # kernel on 16 padded rows.
+    "fixup": ({"fixup": True}, (2, 4, 8, 16, 32, 64)),
+    "fixup pps1": ({"fixup": True, "programs_per_sm": 1}, (16, 32, 64)),
 }
 RESULTS: dict[str, Any] = {"rows": [], "errors": [], "skipped": [], "checks": []}
 
@@ -124,7 +124,8 @@ def check(label: str, fn: Callable[[], torch.Tensor], want: torch.Tensor, dtype:
 
 def form_fn(call: Any, kwargs: dict) -> Callable[[], torch.Tensor]:
     if "extra" in kwargs:
-        kwargs = {"config": tuple(planes_tiles.planes_config(call.problem)) + tuple(kwargs["extra"])}
+        kwargs = {k: v for k, v in kwargs.items() if k != "extra"} | {
+            "config": tuple(planes_tiles.planes_config(call.problem)) + tuple(kwargs["extra"])}
 
     def run() -> torch.Tensor:
         return planes.launch_planes(call, **kwargs)

@@ -29,8 +29,8 @@ def _attention_pointers(dtype: str) -> dict:
     return ptrs
 
 
-def decode(dtype: str, d: int, rows: int, direct: bool) -> str:
-    br, bn, warps, stages = config.decode_config(d, 4 if dtype == "fp32" else 2, rows)
+def decode(dtype: str, d: int, rows: int, direct: bool, batch: int = 1) -> str:
+    br, bn, warps, stages, _ = config.decode_tiles(d, 4 if dtype == "fp32" else 2, rows, batch, 8, 4096, 132)
     consts = dict(BS=16, D=d, BLOCK_D=config.head_block(d), BLOCK_R=br, BLOCK_N=bn, DOT_F32=False,
                   IEEE=dtype == "fp32", DIRECT=direct, PDL=False)
     ptx = compile_ptx(tk._decode_split_kernel, _attention_pointers(dtype), ("qk_scale",), consts, warps, stages)
@@ -74,10 +74,10 @@ def rotary_append(d: int, rotary_dim: int, interleaved: bool) -> str:
 def main() -> None:
     for dtype in ("bf16", "fp32"):
         for d in (64, 128, 256):
-            for rows in (4, 64):
+            for rows, batch in ((4, 1), (64, 1), (4, 32)):   # batch 32: the 128-key tiles (16-bit, D <= 128)
                 for direct in (False, True):
-                    print(f"decode  {dtype} D={d:3d} rows={rows:2d} {'direct' if direct else 'split '} "
-                          f"{decode(dtype, d, rows, direct)}", flush=True)
+                    print(f"decode  {dtype} D={d:3d} rows={rows:2d} batch={batch:2d} {'direct' if direct else 'split '} "
+                          f"{decode(dtype, d, rows, direct, batch)}", flush=True)
     for dtype in ("bf16", "fp16", "fp32"):
         for d in (64, 128, 256):
             print(f"prefill {dtype} D={d:3d} {prefill(dtype, d)}", flush=True)

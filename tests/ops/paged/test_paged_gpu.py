@@ -19,6 +19,10 @@ def test_real_sizes(dtype):
         check_case(cases.attention_case([16384, 1, 9000, 333], [1, 1, 1, 1], 32, 8, 128, bs, dtype), "triton")
         check_case(cases.attention_case([4100, 2048, 700, 64], [4, 2048, 16, 1], 32, 8, 128, bs, dtype), "triton")
     check_case(cases.attention_case([3000, 2000], [16, 5], 16, 2, 64, 16, dtype), "triton")
+    # 32 decode sequences of 8 key/value heads: the 128-key tiles (config.WIDE_KEYS_TILE)
+    lengths = [512, 513, 1, 127, 128, 129, 4000, 16] * 4
+    check_case(cases.attention_case(lengths, [1] * 32, 32, 8, 64, 16, dtype), "triton")
+    check_case(cases.attention_case(lengths, [1] * 32, 32, 8, 128, 16, dtype), "triton")
     check_case(cases.attention_case([2048, 1500], [512, 1500], 8, 8, 256, 32, dtype), "triton")
     check_case(cases.append_case([4100, 2048, 700, 64], [4, 2048, 16, 1], 8, 128, 16, dtype), "triton")
 

@@ -4,7 +4,7 @@ outside the pools is read or written."""
 import pytest
 import torch
 
-from opforge.ops.paged import cases, reference, triton_kernels as tk
+from opforge.ops.paged import cases, config, reference, triton_kernels as tk
 from opforge.ops.paged.problem import prepare_append, prepare_attention
 from opforge.testing import DEVICE, TOLERANCE, max_rel_error
 
@@ -32,6 +32,31 @@ def test_decode_every_split_count(splits):
     call = prepare_attention(*args, 3, None)
     out = tk.launch_decode(call, splits=splits)
     assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_decode_wide_key_tiles(monkeypatch, splits):
+    """The 128-key tile (``WIDE_KEYS_TILE``) over 16-position blocks, with lengths that end inside
+    a tile, a block and a slice, equals the oracle (the interpreter runs it when forced)."""
+    def wide(d, itemsize, rows, batch, kv_heads, capacity, sms, interpreted=False):
+        return (16, *config.WIDE_KEYS_TILE, splits)
+    monkeypatch.setattr(config, "decode_tiles", wide)
+    args = _attention_args([300, 129, 1, 128], [1, 1, 1, 1], 8, 2, 32, 16)
+    out = tk.launch_decode(prepare_attention(*args, 1, None))
+    assert max_rel_error(out, _oracle(args, 32 ** -0.5)) <= TOLERANCE[torch.float32]
+
+
+def test_decode_tiles_rule():
+    """128-key tiles only for 16-bit caches, D <= 128, one 16-row query block and at most two
+    slices per sequence; the rest keeps the contiguous kernel's tiles."""
+    def tiles(d=64, itemsize=2, rows=4, batch=32, kv_heads=8, capacity=1024, interpreted=False):
+        return config.decode_tiles(d, itemsize, rows, batch, kv_heads, capacity, 132, interpreted)
+    assert tiles()[1:] == (*config.WIDE_KEYS_TILE, 1)
+    assert tiles(d=128, batch=8)[1:] == (*config.WIDE_KEYS_TILE, 2)
+    assert tiles(batch=1)[1:] == (64, 4, 3, 16)                  # many slices: 64-key tiles
+    assert tiles(d=256)[1] == 32 and tiles(itemsize=4)[1] == 32   # D 256, float32: their own tiles
+    assert tiles(rows=64)[:2] == (64, 64)                        # 16 new tokens of a group of 4
+    assert tiles(interpreted=True)[1] == 16
 
 
 @pytest.mark.parametrize("splits", [1, 3])

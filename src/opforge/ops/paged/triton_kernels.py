@@ -281,10 +281,10 @@ def _decode_into(call: AttentionCall, out: torch.Tensor, mq: int, splits: Option
     p = call.problem
     q, kp, vp = call.q, call.k_pages, call.v_pages
     rows = p.group * mq
-    br, bn, nw, ns = config.decode_config(p.head_dim, q.element_size(), rows, triton_interpreting())
+    br, bn, nw, ns, default_splits = config.decode_tiles(p.head_dim, q.element_size(), rows, p.batch, p.kv_heads,
+                                                         p.capacity, _sms(q), triton_interpreting())
     row_blocks = cdiv(rows, br)
-    if splits is None:
-        splits = config.decode_splits(p.batch, p.kv_heads, row_blocks, p.capacity, _sms(q), bn)
+    splits = default_splits if splits is None else splits
     splits = max(1, min(splits, config.MAX_SPLITS, cdiv(max(p.capacity, 1), bn)))
     slots = p.batch * mq * p.q_heads          # query rows by (sequence, new token, head)
     direct = splits == 1

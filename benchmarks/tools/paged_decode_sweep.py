@@ -1,0 +1,99 @@
+"""Tiles and split counts of the paged decode kernel at the engine's decode shapes (block 16,
+blocks shuffled across the pool, every sequence ``ctx`` long), against the contiguous kernel on
+the same values. Each form is checked against float64 first, then timed in CUDA graphs over
+enough copies of the pools that they do not sit in L2.
+
+Forms: (BLOCK_N, warps, stages, splits); BLOCK_R stays the default's (the group's query rows).
+
+    PYTHONPATH=src python benchmarks/tools/paged_decode_sweep.py    # JSON in $OUT/paged_decode_sweep.json
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from int4_candidate import graph_us, write_json  # noqa: E402
+
+import opforge  # noqa: E402
+from opforge.ops.paged import bench, config, reference  # noqa: E402
+from opforge.ops.paged import triton_kernels as tk  # noqa: E402
+from opforge.ops.paged.problem import prepare_attention  # noqa: E402
+
+#: (B, Hq, Hkv, ctx, D, block): the 1B and 8B models' decode at batch 1 / 8 / 32, context 512
+SHAPES = ((32, 32, 8, 512, 64, 16), (8, 32, 8, 512, 64, 16), (1, 32, 8, 512, 64, 16),
+          (32, 32, 8, 512, 128, 16), (32, 32, 8, 4096, 64, 16))
+L2_COLD_BYTES = 160 * 2**20     # pools timed per shape: over three L2s' worth
+FORMS = [(bn, w, s, sp) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4) for sp in (1, 2)
+         if not (bn == 128 and w == 2)]
+
+
+def with_tiles(block_n: int, warps: int, stages: int):
+    """A stand-in for ``config.decode_config`` returning the default BLOCK_R and these tiles."""
+    default = config.decode_config
+
+    def tiles(d, itemsize, rows, interpreted=False):
+        return (default(d, itemsize, rows, interpreted)[0], block_n, warps, stages)
+    return tiles
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=150.0, help="seconds before the remaining shapes are skipped")
+    args = parser.parse_args()
+    deadline = time.time() + args.budget
+    dev = torch.device(os.environ.get("SWEEP_DEVICE", "cuda"))
+    result = {"device": torch.cuda.get_device_name(), "rows": [], "errors": [], "skipped": []}
+    default_tiles = config.decode_config
+    for shape in SHAPES:
+        if time.time() > deadline:
+            result["skipped"].append(shape)
+            continue
+        b, hq, hkv, ctx, d, bs = shape
+        nbytes = bench._decode_bytes(shape, torch.bfloat16)
+        copies = max(2, -(-L2_COLD_BYTES // nbytes))
+        g = torch.Generator(device=dev).manual_seed(sum(shape))
+        sets = [bench._decode_inputs(shape, torch.bfloat16, dev, g) for _ in range(copies)]
+        q, kp, vp, tables, lens, cu, kc, vc = sets[0]
+        want = reference.paged_attention(q.double(), kp.double(), vp.double(), tables, lens, cu, d ** -0.5)
+        calls = [prepare_attention(s[0], s[1], s[2], s[3], s[4], s[5], 1, None) for s in sets]
+        row = {"shape": shape, "bytes": nbytes, "us": {}, "rel_err": {}}
+        contiguous = [lambda s=s: opforge.decode_attention(s[0].unsqueeze(2), s[6], s[7], s[4]) for s in sets]
+        row["us"]["contiguous"] = graph_us(contiguous)
+        row["us"]["default"] = graph_us([lambda c=c: opforge.paged_attention(*(c.q, c.k_pages, c.v_pages,
+                                         c.block_tables, c.cache_seqlens, c.cu_seqlens), max_query_len=1)
+                                         for c in calls])
+        for bn, w, st, sp in FORMS:
+            name = f"n{bn} w{w} s{st} x{sp}"
+            config.decode_config = with_tiles(bn, w, st)
+            try:
+                out = tk.launch_decode(calls[0], sp)
+                err = ((out.double() - want).norm() / want.norm()).item()
+                row["rel_err"][name] = err
+                if err > 1e-2:
+                    result["errors"].append(f"{shape} {name}: rel err {err:.3g}")
+                    continue
+                row["us"][name] = graph_us([lambda c=c: tk.launch_decode(c, sp) for c in calls])
+            except Exception as exc:   # a form that fails to compile is a result
+                result["errors"].append(f"{shape} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+            finally:
+                config.decode_config = default_tiles
+        best = sorted(row["us"].items(), key=lambda kv: kv[1])
+        row["gbs"] = {k: nbytes / us / 1e3 for k, us in row["us"].items() if us}
+        print(shape, "  ".join(f"{k} {us:.1f}" for k, us in best[:8]),
+              f"| default {row['us']['default']:.1f} contiguous {row['us']['contiguous']:.1f}",
+              f"({row['gbs'].get('contiguous', 0):.0f} GB/s)", flush=True)
+        result["rows"].append(row)
+        del sets, calls
+        torch.cuda.empty_cache()
+    print("errors:", result["errors"] or "none", "| skipped:", result["skipped"] or "none")
+    write_json(result, "paged_decode_sweep.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
