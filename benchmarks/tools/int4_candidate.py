@@ -102,8 +102,8 @@ FORMS: dict[str, tuple[dict, tuple]] = {
     # split (one launch) instead of the combine kernel. A BLOCK_M below M runs several M tiles,
     # side by side on the same weight tile (L2 shares it). At one row the forms run the planes
     # kernel on 16 padded rows.
-    "fixup": ({"fixup": True}, (2, 4, 8, 16, 32, 64)),
-    "fixup pps1": ({"fixup": True, "programs_per_sm": 1}, (16, 32, 64)),
+    # "max_split": K splits capped (1: one launch per call, no combine kernel)
+    "unsplit": ({"max_split": 1}, (16, 32, 64)),
 }
 RESULTS: dict[str, Any] = {"rows": [], "errors": [], "skipped": [], "checks": []}
 
@@ -127,8 +127,17 @@ def form_fn(call: Any, kwargs: dict) -> Callable[[], torch.Tensor]:
         kwargs = {k: v for k, v in kwargs.items() if k != "extra"} | {
             "config": tuple(planes_tiles.planes_config(call.problem)) + tuple(kwargs["extra"])}
 
+    cap = kwargs.get("max_split")
+    kwargs = {k: v for k, v in kwargs.items() if k != "max_split"}
+
     def run() -> torch.Tensor:
-        return planes.launch_planes(call, **kwargs)
+        if cap is None:
+            return planes.launch_planes(call, **kwargs)
+        saved, planes.MAX_SPLIT = planes.MAX_SPLIT, cap
+        try:
+            return planes.launch_planes(call, **kwargs)
+        finally:
+            planes.MAX_SPLIT = saved
     return run
 
 

@@ -43,6 +43,7 @@ def with_tiles(block_n: int, warps: int, stages: int):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--defaults-only", action="store_true", help="time the contiguous kernel and the default only")
     parser.add_argument("--budget", type=float, default=150.0, help="seconds before the remaining shapes are skipped")
     args = parser.parse_args()
     deadline = time.time() + args.budget
@@ -67,7 +68,7 @@ def main() -> int:
         row["us"]["default"] = graph_us([lambda c=c: opforge.paged_attention(*(c.q, c.k_pages, c.v_pages,
                                          c.block_tables, c.cache_seqlens, c.cu_seqlens), max_query_len=1)
                                          for c in calls])
-        for bn, w, st, sp in FORMS:
+        for bn, w, st, sp in ([] if args.defaults_only else FORMS):
             name = f"n{bn} w{w} s{st} x{sp}"
             config.decode_config = with_tiles(bn, w, st)
             try:
@@ -91,7 +92,7 @@ def main() -> int:
         del sets, calls
         torch.cuda.empty_cache()
     print("errors:", result["errors"] or "none", "| skipped:", result["skipped"] or "none")
-    write_json(result, "paged_decode_sweep.json")
+    write_json(result, "paged_decode_defaults.json" if args.defaults_only else "paged_decode_sweep.json")
     return 0
 
 
