@@ -236,6 +236,20 @@ def test_the_rules_pick_the_k128_dot_except_at_one_row_and_fold_on_two_tiles():
     assert tiles(128, 4096, 4096)[1:] == pt.PLANES_TILE_WIDE_PER_PLANE
 
 
+def test_wide_weights_split_no_k_at_9_to_32_rows():
+    """From 16384 features the four-warp tiles (9-32 rows) aim at one program per SM, which their
+    256+ tiles already give on an H100 (132 SMs): K is not split, no combine kernel runs. Narrower
+    weights keep 4 programs per SM (1B qkv at 32 rows: 48 tiles, K split)."""
+    def tiles(m, n, k):
+        return pt.planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
+    for m in (9, 16, 17, 32):
+        config = tiles(m, 16384, 2048)
+        assert config[1:] == pt.PLANES_TILE_FOUR_WARPS_UNSPLIT, m
+        assert 16384 // config[1] >= config[4] * 132
+        config = tiles(m, 3072, 2048)
+        assert config[1:] == pt.PLANES_TILE_FOUR_WARPS and 3072 // config[1] < config[4] * 132, m
+
+
 def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     qw, pw = planes_weight(64, 256)
     x = torch.randn(16, 256, device=DEVICE, dtype=torch.float16)

@@ -36,6 +36,11 @@ Measured (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``benchmarks/too
   gate_up 18.1 -> 13.2, 1B down 10.4 -> 8.6, 1B head 77.0 -> 68.5, 8B qkv 13.3 -> 10.4, 8B o 9.9
   -> 8.1, 8B gate_up 42.4 -> 36.8, 8B down 27.2 -> 20.3, 8B head 163.2 -> 136.3). The same tile
   with the scale folded: within 0-8% of it, slower on 7 of 10.
+* 9-32 rows, four warps on 64 features, from ``PLANES_UNSPLIT_MIN_N`` features (256+ tiles): no
+  K split, one launch (``results/h100/2026-11-27-38e84fd/unsplit_probe.json``: 1B gate_up 11.3
+  -> 10.6 at 16 rows, 13.5 -> 11.2 at 32; the wider weights split no K already). Fewer tiles keep
+  their splits and the combine kernel (unsplit 1B down 9.0 -> 35.3, 8B qkv 10.5 -> 13.5 at 32
+  rows; the split sum added in the kernel instead, ``fixup``: 5.9 -> 6.7 at 32 rows on 1B qkv).
 * 33+ rows (64-row tiles): K = 128 dot everywhere; the scale folded on the 256-feature large
   tile (from 48M elements: 8B gate_up 46.6 -> 43.6, 8B down 30.8 -> 28.4, 8B head 181.2 ->
   175.5, 1B head 96.5 -> 89.4; unfolded 46.7, 31.9, 193.3, 96.4: that tile spills, 104 B
@@ -62,6 +67,8 @@ PLANES_TILE_TWO_WARPS = (64, 2, 3, 4, 2, False, True, False)
 PLANES_TILE_FEW_ROWS = (64, 4, 4, 2, 1, False, True, False)
 #: 9-32 rows (the other cases): four warps on 64 features, 4 stages
 PLANES_TILE_FOUR_WARPS = (64, 4, 4, 4, 1, False, True, False)
+#: ... from ``PLANES_UNSPLIT_MIN_N`` features: the same, no K split (1 program per SM aimed at)
+PLANES_TILE_FOUR_WARPS_UNSPLIT = (64, 4, 4, 1, 1, False, True, False)
 #: 9-16 rows with K >= ``PLANES_WIDE_MIN_K`` up to ``PLANES_WIDE_MAX_NK``: one warpgroup on 128 features
 PLANES_TILE_WIDE = (128, 4, 4, 4, 1, False, True, False)
 #: 33+ rows up to ``PLANES_MIDDLE_MAX_NK``: two 32-row tiles of one warpgroup on 128 features, scale folded
@@ -80,6 +87,7 @@ PLANES_LARGE_MIN_NK = 48 * 2 ** 20     # 8B gate_up and down, the output heads
 PLANES_HEAD_MIN_NK = 128 * 2 ** 20     # the output heads (vocabulary x hidden)
 PLANES_WIDE_MIN_K = 4096
 PLANES_WIDE_MAX_NK = 32 * 2 ** 20
+PLANES_UNSPLIT_MIN_N = 16384           # 1B gate_up and wider (256+ tiles of 64 features)
 #: A planes weight runs the decode variant's GEMV (it reads the planes layout, groups of >= 128)
 #: up to this many rows; from 2 rows the planes kernel with 16 padded rows is faster (M=2 1B
 #: gate_up 12.9 vs 20.3 us, 8B down 19.9 vs 34.6; M=4 13.3 vs 25.8, 20.4 vs 43.8) ...
@@ -108,9 +116,9 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
         >>> tiles(4, 4096, 4096), tiles(4, 28672, 4096)
         ((16, 64, 4, 4, 2, 1, False, True, False), (16, 64, 2, 3, 4, 2, False, True, False))
         >>> tiles(16, 128256, 4096), tiles(16, 4096, 4096), tiles(16, 28672, 4096)
-        ((16, 64, 2, 3, 4, 2, False, True, False), (16, 128, 4, 4, 4, 1, False, True, False), (16, 64, 4, 4, 4, 1, False, True, False))
-        >>> tiles(24, 128256, 4096)
-        (32, 64, 4, 4, 4, 1, False, True, False)
+        ((16, 64, 2, 3, 4, 2, False, True, False), (16, 128, 4, 4, 4, 1, False, True, False), (16, 64, 4, 4, 1, 1, False, True, False))
+        >>> tiles(24, 128256, 4096), tiles(24, 3072, 2048)
+        ((32, 64, 4, 4, 1, 1, False, True, False), (32, 64, 4, 4, 4, 1, False, True, False))
         >>> tiles(64, 2048, 2048), tiles(64, 4096, 4096), tiles(64, 6144, 4096), tiles(100, 28672, 4096)
         ((16, 64, 2, 3, 4, 2, False, True, False), (32, 128, 4, 4, 4, 1, False, True, True), (64, 128, 8, 3, 2, 1, True, True, False), (64, 256, 8, 3, 1, 1, False, True, True))
         >>> tiles(100, 4096, 4096)
@@ -126,9 +134,9 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
             return (16,) + PLANES_TILE_TWO_WARPS
         if p.k >= PLANES_WIDE_MIN_K and nk <= PLANES_WIDE_MAX_NK:
             return (16,) + PLANES_TILE_WIDE
-        return (16,) + PLANES_TILE_FOUR_WARPS
+        return (16,) + _four_warps(p)
     if p.m <= 32:
-        return (32,) + PLANES_TILE_FOUR_WARPS
+        return (32,) + _four_warps(p)
     if nk <= PLANES_SMALL_MAX_NK:
         return (16,) + PLANES_TILE_TWO_WARPS
     if nk <= PLANES_MIDDLE_MAX_NK:
@@ -136,6 +144,10 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
     if nk >= PLANES_LARGE_MIN_NK:
         return (PLANES_MAX_BLOCK_M,) + PLANES_TILE_LARGE
     return (PLANES_MAX_BLOCK_M,) + PLANES_TILE_EIGHT_WARPS
+
+
+def _four_warps(p: LinearProblem) -> tuple:
+    return PLANES_TILE_FOUR_WARPS_UNSPLIT if p.n >= PLANES_UNSPLIT_MIN_N else PLANES_TILE_FOUR_WARPS
 
 
 def planes_gemv(p: LinearProblem) -> bool:
