@@ -3,7 +3,8 @@ blocks shuffled across the pool, every sequence ``ctx`` long), against the conti
 the same values. Each form is checked against float64 first, then timed in CUDA graphs over
 enough copies of the pools that they do not sit in L2.
 
-Forms: (BLOCK_N, warps, stages, splits); BLOCK_R stays the default's (the group's query rows).
+Forms: (BLOCK_N, warps, stages, slices per sequence), BLOCK_N 32-128, 2-8 warps, 2-4 stages, the
+slices of ``--splits``; BLOCK_R stays the default's (the group's query rows).
 
     PYTHONPATH=src python benchmarks/tools/paged_decode_sweep.py    # JSON in $OUT/paged_decode_sweep.json
 """
@@ -28,8 +29,13 @@ from opforge.ops.paged.problem import prepare_attention  # noqa: E402
 SHAPES = ((32, 32, 8, 512, 64, 16), (8, 32, 8, 512, 64, 16), (1, 32, 8, 512, 64, 16),
           (32, 32, 8, 512, 128, 16), (32, 32, 8, 4096, 64, 16))
 L2_COLD_BYTES = 160 * 2**20     # pools timed per shape: over three L2s' worth
-FORMS = [(bn, w, s, sp) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4) for sp in (1, 2)
-         if not (bn == 128 and w == 2)]
+
+
+def forms(splits: tuple) -> list[tuple[int, int, int, int]]:
+    return [(bn, w, s, sp) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4) for sp in splits
+            if not (bn == 128 and w == 2)]
+
+
 
 
 def with_tiles(block_n: int, warps: int, stages: int):
@@ -44,13 +50,19 @@ def with_tiles(block_n: int, warps: int, stages: int):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--defaults-only", action="store_true", help="time the contiguous kernel and the default only")
+    parser.add_argument("--batches", default="", help="only the shapes of these batch sizes (comma-separated)")
+    parser.add_argument("--splits", default="1,2", help="slice counts of the forms (comma-separated)")
+    parser.add_argument("--name", default="", help="the JSON file's name")
     parser.add_argument("--budget", type=float, default=150.0, help="seconds before the remaining shapes are skipped")
     args = parser.parse_args()
     deadline = time.time() + args.budget
     dev = torch.device(os.environ.get("SWEEP_DEVICE", "cuda"))
     result = {"device": torch.cuda.get_device_name(), "rows": [], "errors": [], "skipped": []}
     default_tiles = config.decode_config
-    for shape in SHAPES:
+    batches = {int(b) for b in args.batches.split(",") if b}
+    shapes = [s for s in SHAPES if not batches or s[0] in batches]
+    chosen = forms(tuple(int(x) for x in args.splits.split(",")))
+    for shape in shapes:
         if time.time() > deadline:
             result["skipped"].append(shape)
             continue
@@ -68,7 +80,7 @@ def main() -> int:
         row["us"]["default"] = graph_us([lambda c=c: opforge.paged_attention(*(c.q, c.k_pages, c.v_pages,
                                          c.block_tables, c.cache_seqlens, c.cu_seqlens), max_query_len=1)
                                          for c in calls])
-        for bn, w, st, sp in ([] if args.defaults_only else FORMS):
+        for bn, w, st, sp in ([] if args.defaults_only else chosen):
             name = f"n{bn} w{w} s{st} x{sp}"
             config.decode_config = with_tiles(bn, w, st)
             try:
@@ -92,7 +104,7 @@ def main() -> int:
         del sets, calls
         torch.cuda.empty_cache()
     print("errors:", result["errors"] or "none", "| skipped:", result["skipped"] or "none")
-    write_json(result, "paged_decode_defaults.json" if args.defaults_only else "paged_decode_sweep.json")
+    write_json(result, args.name or ("paged_decode_defaults.json" if args.defaults_only else "paged_decode_sweep.json"))
     return 0
 
 
