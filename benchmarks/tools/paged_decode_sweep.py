@@ -25,9 +25,12 @@ from opforge.ops.paged import bench, config, reference  # noqa: E402
 from opforge.ops.paged import triton_kernels as tk  # noqa: E402
 from opforge.ops.paged.problem import prepare_attention  # noqa: E402
 
-#: (B, Hq, Hkv, ctx, D, block): the 1B and 8B models' decode at batch 1 / 8 / 32, context 512
+#: (B, Hq, Hkv, ctx, D, block): the 1B and 8B models' decode at batch 1 / 8 / 32, context 512;
+#: 32 sequences of 4096; then (``--long``) one or eight long sequences, as the ``paged`` suite's
 SHAPES = ((32, 32, 8, 512, 64, 16), (8, 32, 8, 512, 64, 16), (1, 32, 8, 512, 64, 16),
           (32, 32, 8, 512, 128, 16), (32, 32, 8, 4096, 64, 16))
+LONG_SHAPES = ((1, 32, 8, 4096, 64, 16), (1, 32, 8, 8192, 128, 16), (1, 32, 8, 32768, 128, 16),
+               (8, 32, 8, 8192, 128, 16))
 L2_COLD_BYTES = 160 * 2**20     # pools timed per shape: over three L2s' worth
 
 
@@ -50,6 +53,7 @@ def with_tiles(block_n: int, warps: int, stages: int):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--defaults-only", action="store_true", help="time the contiguous kernel and the default only")
+    parser.add_argument("--long", action="store_true", help="the long-context shapes (LONG_SHAPES) instead")
     parser.add_argument("--batches", default="", help="only the shapes of these batch sizes (comma-separated)")
     parser.add_argument("--splits", default="1,2", help="slice counts of the forms (comma-separated)")
     parser.add_argument("--name", default="", help="the JSON file's name")
@@ -60,7 +64,7 @@ def main() -> int:
     result = {"device": torch.cuda.get_device_name(), "rows": [], "errors": [], "skipped": []}
     default_tiles = config.decode_config
     batches = {int(b) for b in args.batches.split(",") if b}
-    shapes = [s for s in SHAPES if not batches or s[0] in batches]
+    shapes = [s for s in (LONG_SHAPES if args.long else SHAPES) if not batches or s[0] in batches]
     chosen = forms(tuple(int(x) for x in args.splits.split(",")))
     for shape in shapes:
         if time.time() > deadline:
