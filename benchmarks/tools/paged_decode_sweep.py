@@ -54,7 +54,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--defaults-only", action="store_true", help="time the contiguous kernel and the default only")
     parser.add_argument("--programs-per-sm", default="",
-                        help="also the default rule with these split targets (config.PROGRAMS_PER_SM, comma-separated)")
+                        help="also the default rule with these split targets (config.DECODE_16BIT_PROGRAMS_PER_SM, comma-separated)")
     parser.add_argument("--long", action="store_true", help="the long-context shapes (LONG_SHAPES) instead")
     parser.add_argument("--batches", default="", help="only the shapes of these batch sizes (comma-separated)")
     parser.add_argument("--splits", default="1,2", help="slice counts of the forms (comma-separated)")
@@ -87,7 +87,7 @@ def main() -> int:
                                          c.block_tables, c.cache_seqlens, c.cu_seqlens), max_query_len=1)
                                          for c in calls])
         for pps in (int(x) for x in args.programs_per_sm.split(",") if x):
-            saved, config.PROGRAMS_PER_SM = config.PROGRAMS_PER_SM, pps
+            saved, config.DECODE_16BIT_PROGRAMS_PER_SM = config.DECODE_16BIT_PROGRAMS_PER_SM, pps
             try:
                 splits = config.decode_tiles(d, 2, hq // hkv, b, hkv, calls[0].problem.capacity, tk._sms(q))
                 name = f"rule pps{pps} (n{splits[1]} w{splits[2]} s{splits[3]} x{splits[4]})"
@@ -95,7 +95,7 @@ def main() -> int:
                 row["rel_err"][name] = ((out.double() - want).norm() / want.norm()).item()
                 row["us"][name] = graph_us([lambda c=c: tk.launch_decode(c) for c in calls])
             finally:
-                config.PROGRAMS_PER_SM = saved
+                config.DECODE_16BIT_PROGRAMS_PER_SM = saved
         for bn, w, st, sp in ([] if args.defaults_only else chosen):
             name = f"n{bn} w{w} s{st} x{sp}"
             config.decode_config = with_tiles(bn, w, st)

@@ -47,15 +47,19 @@ def test_decode_wide_key_tiles(monkeypatch, splits):
 
 
 def test_decode_tiles_rule():
-    """128-key tiles only for 16-bit caches, D <= 128, one 16-row query block and at most two
-    slices per sequence; the rest keeps the contiguous kernel's tiles."""
-    def tiles(d=64, itemsize=2, rows=4, batch=32, kv_heads=8, capacity=1024, interpreted=False):
+    """16-bit caches, D <= 128, one 16-row query block: slices for two programs per SM, and
+    128-key tiles (slices for one program per SM) where those are at most two. The rest keeps the
+    contiguous kernel's tiles and split rule."""
+    def tiles(d=64, itemsize=2, rows=4, batch=32, kv_heads=8, capacity=4096, interpreted=False):
         return config.decode_tiles(d, itemsize, rows, batch, kv_heads, capacity, 132, interpreted)
     assert tiles()[1:] == (*config.WIDE_KEYS_TILE, 1)
-    assert tiles(d=128, batch=8)[1:] == (*config.WIDE_KEYS_TILE, 2)
-    assert tiles(batch=1)[1:] == (64, 4, 3, 16)                  # many slices: 64-key tiles
-    assert tiles(d=256)[1] == 32 and tiles(itemsize=4)[1] == 32   # D 256, float32: their own tiles
-    assert tiles(rows=64)[:2] == (64, 64)                        # 16 new tokens of a group of 4
+    assert tiles(d=128, batch=16)[1:] == (*config.WIDE_KEYS_TILE, 1)   # 2 slices at 2 per SM
+    assert tiles(batch=8)[1:] == (64, 4, 3, 4)                     # 264 // 64 programs
+    assert tiles(batch=1)[1:] == (64, 4, 3, 33)
+    assert tiles(batch=1, capacity=1024)[-1] == 16                 # one slice per 64 positions at most
+    assert tiles(d=256)[1:] == (32, 4, 2, 1) and tiles(itemsize=4)[1:] == (32, 8, 2, 1)   # their own tiles, 1 per SM
+    assert tiles(d=256, batch=1)[-1] == 16 and tiles(itemsize=4, batch=1)[-1] == 16
+    assert tiles(rows=64)[:2] == (64, 64)                          # 16 new tokens of a group of 4
     assert tiles(interpreted=True)[1] == 16
 
 
