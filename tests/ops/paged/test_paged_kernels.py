@@ -63,6 +63,20 @@ def test_decode_tiles_rule():
     assert tiles(interpreted=True)[1] == 16
 
 
+def test_decode_tiles_equal_at_a_cuda_graphs_padded_batch():
+    """A decode step padded to its CUDA graph's batch size (``serve.graphs.padded_sizes``) runs the
+    slices and tiles of the unpadded step: both give the same bits."""
+    from opforge.serve.graphs import padded_sizes
+    for max_num_seqs in (48, 64, 100, 256):
+        sizes = padded_sizes(max_num_seqs)
+        for batch in range(1, max_num_seqs + 1):
+            padded = next(s for s in sizes if s >= batch)
+            for d, itemsize, kv_heads in ((64, 2, 2), (128, 2, 8), (64, 4, 8), (256, 2, 8)):
+                def tiles(b):
+                    return config.decode_tiles(d, itemsize, 4, b, kv_heads, 4096, 132)
+                assert tiles(batch) == tiles(padded), (max_num_seqs, batch, d, itemsize, kv_heads)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_mixed_step_runs_each_sequence_once(splits):
     """Decode tokens, a 16-token draft and prefill chunks in one step: the split kernel takes the

@@ -51,8 +51,8 @@ def decode_splits(batch: int, kv_heads: int, row_blocks: int, capacity: int, sms
 
 def decode_tiles(d: int, itemsize: int, rows: int, batch: int, kv_heads: int, capacity: int, sms: int,
                  interpreted: bool = False) -> tuple[int, int, int, int, int]:
-    """(BLOCK_R, BLOCK_N, warps, stages, slices per sequence) of the decode kernel. The contiguous
-    kernel's tiles and split rule, except for 16-bit caches with D <= 128 and at most 16 query
+    """(BLOCK_R, BLOCK_N, warps, stages, slices per sequence) of the decode kernel for ``batch``
+    sequences rounded up to a power of two. The contiguous kernel's tiles and split rule, except for 16-bit caches with D <= 128 and at most 16 query
     rows per key/value head: slices for ``DECODE_16BIT_PROGRAMS_PER_SM``, and where those are at
     most ``WIDE_KEYS_MAX_SPLITS``, 128-key tiles (``WIDE_KEYS_TILE``) with slices for one program
     per SM.
@@ -67,6 +67,10 @@ def decode_tiles(d: int, itemsize: int, rows: int, batch: int, kv_heads: int, ca
     """
     br, bn, warps, stages = decode_config(d, itemsize, rows, interpreted)
     row_blocks = cdiv(rows, br)
+    # the batch rounded up to a power of two: a decode step padded to a CUDA graph's batch size
+    # (powers of two, then the engine's largest) picks the unpadded step's slices and tiles, so
+    # both sum each sequence's keys in the same order and give the same bits
+    batch = next_power_of_2(max(batch, 1))
     if interpreted or itemsize != 2 or head_block(d) > 128 or br > 16:
         return br, bn, warps, stages, decode_splits(batch, kv_heads, row_blocks, capacity, sms, bn)
     splits = decode_splits(batch, kv_heads, row_blocks, capacity, sms, bn, DECODE_16BIT_PROGRAMS_PER_SM)
