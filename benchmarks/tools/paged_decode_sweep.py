@@ -54,7 +54,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--defaults-only", action="store_true", help="time the contiguous kernel and the default only")
     parser.add_argument("--programs-per-sm", default="",
-                        help="also the default rule with these split targets (config.DECODE_16BIT_PROGRAMS_PER_SM, comma-separated)")
+                        help="also the default rule at these split targets, comma-separated "
+                             "(config.DECODE_16BIT_PROGRAMS_PER_SM)")
     parser.add_argument("--long", action="store_true", help="the long-context shapes (LONG_SHAPES) instead")
     parser.add_argument("--batches", default="", help="only the shapes of these batch sizes (comma-separated)")
     parser.add_argument("--splits", default="1,2", help="slice counts of the forms (comma-separated)")

@@ -52,10 +52,10 @@ def decode_splits(batch: int, kv_heads: int, row_blocks: int, capacity: int, sms
 def decode_tiles(d: int, itemsize: int, rows: int, batch: int, kv_heads: int, capacity: int, sms: int,
                  interpreted: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_R, BLOCK_N, warps, stages, slices per sequence) of the decode kernel for ``batch``
-    sequences rounded up to a power of two. The contiguous kernel's tiles and split rule, except for 16-bit caches with D <= 128 and at most 16 query
-    rows per key/value head: slices for ``DECODE_16BIT_PROGRAMS_PER_SM``, and where those are at
-    most ``WIDE_KEYS_MAX_SPLITS``, 128-key tiles (``WIDE_KEYS_TILE``) with slices for one program
-    per SM.
+    sequences rounded up to a power of two. The contiguous kernel's tiles and split rule, except
+    for 16-bit caches with D <= 128 and at most 16 query rows per key/value head: slices for
+    ``DECODE_16BIT_PROGRAMS_PER_SM``, and where those are at most ``WIDE_KEYS_MAX_SPLITS``, 128-key
+    tiles (``WIDE_KEYS_TILE``) with slices for one program per SM.
 
     Example:
         >>> decode_tiles(64, 2, 4, 32, 8, 4096, 132), decode_tiles(64, 2, 4, 8, 8, 4096, 132)
