@@ -42,11 +42,13 @@ def forms(splits: tuple) -> list[tuple[int, int, int, int]]:
 
 
 def with_tiles(block_n: int, warps: int, stages: int):
-    """A stand-in for ``config.decode_config`` returning the default BLOCK_R and these tiles."""
-    default = config.decode_config
+    """A stand-in for ``config.decode_tiles`` returning the default BLOCK_R and slices with these
+    tiles (the form's slice count is passed to ``launch_decode``)."""
+    default = config.decode_tiles
 
-    def tiles(d, itemsize, rows, interpreted=False):
-        return (default(d, itemsize, rows, interpreted)[0], block_n, warps, stages)
+    def tiles(*args, **kwargs):
+        br, _, _, _, splits = default(*args, **kwargs)
+        return br, block_n, warps, stages, splits
     return tiles
 
 
@@ -65,7 +67,7 @@ def main() -> int:
     deadline = time.time() + args.budget
     dev = torch.device(os.environ.get("SWEEP_DEVICE", "cuda"))
     result = {"device": torch.cuda.get_device_name(), "rows": [], "errors": [], "skipped": []}
-    default_tiles = config.decode_config
+    default_tiles = config.decode_tiles
     batches = {int(b) for b in args.batches.split(",") if b}
     shapes = [s for s in (LONG_SHAPES if args.long else SHAPES) if not batches or s[0] in batches]
     chosen = forms(tuple(int(x) for x in args.splits.split(",")))
@@ -99,7 +101,7 @@ def main() -> int:
                 config.DECODE_16BIT_PROGRAMS_PER_SM = saved
         for bn, w, st, sp in ([] if args.defaults_only else chosen):
             name = f"n{bn} w{w} s{st} x{sp}"
-            config.decode_config = with_tiles(bn, w, st)
+            config.decode_tiles = with_tiles(bn, w, st)
             try:
                 out = tk.launch_decode(calls[0], sp)
                 err = ((out.double() - want).norm() / want.norm()).item()
@@ -111,7 +113,7 @@ def main() -> int:
             except Exception as exc:   # a form that fails to compile is a result
                 result["errors"].append(f"{shape} {name}: {type(exc).__name__}: {str(exc)[:200]}")
             finally:
-                config.decode_config = default_tiles
+                config.decode_tiles = default_tiles
         best = sorted(row["us"].items(), key=lambda kv: kv[1])
         row["gbs"] = {k: nbytes / us / 1e3 for k, us in row["us"].items() if us}
         print(shape, "  ".join(f"{k} {us:.1f}" for k, us in best[:8]),
