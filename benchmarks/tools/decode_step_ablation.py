@@ -1,7 +1,8 @@
 """Where a 1B decode step's microseconds go: the step's CUDA graph timed whole, then with one kind
 of kernel left out at a time (its call returns an input instead of launching), at a batch size
-(default 1), context 512. A difference is the most a fusion that removes those launches can save; it is timing only
-(the ablated steps compute nothing useful and are not checked).
+(default 1), context 512. A difference is the most a fusion that removes those launches can save;
+it is timing only (the ablated steps compute nothing useful and are not checked). ``--profile``
+adds each kernel's GPU time per step.
 
 Kinds: the norms (``rms_norm``, ``add_rms_norm``), ``swiglu``, the rotary + KV-cache append, decode
 attention (split + merge), every ``linear`` (the GEMVs: what is left is everything else), the
@@ -36,8 +37,8 @@ def _patches(kind: str, zeros: dict) -> dict:
 
     def left_out(w) -> bool:
         """Whether this kind leaves the call on ``w`` out: every linear, or the output head (the
-        one weight with the vocabulary's rows), or the attention projections (q|k|v: 1.5 hidden
-        rows at most; o: square)."""
+        one weight with the vocabulary's rows), or the attention projections (K = hidden, at most
+        twice hidden rows: q|k|v and o)."""
         n, k = w.shape   # a QuantizedWeight's shape is the logical (N, K) too
         if kind == "head":
             return n == LLAMA_1B["vocab_size"]

@@ -96,13 +96,13 @@ ROWS_LATER = (1, 2, 4, 8, 32)   # M = 1: "planes" is the GEMV reading the planes
 #: The candidate's forms besides its default: name -> launch_planes keyword arguments, and the
 #: rows they are timed at (the default tiles are always timed).
 FORMS: dict[str, tuple[dict, tuple]] = {
-    # config: (BLOCK_M, BLOCK_N, warps, stages, programs per SM, chunks per step, scale ahead, one
-    # K = 128 dot per chunk, scale folded into the codes); "extra": those last two appended to the
-    # default tiles of the shape; "fixup": the K splits added in the kernel by each tile's last
-    # split (one launch) instead of the combine kernel. A BLOCK_M below M runs several M tiles,
-    # side by side on the same weight tile (L2 shares it). At one row the forms run the planes
-    # kernel on 16 padded rows.
-    # "max_split": K splits capped (1: one launch per call, no combine kernel)
+    # Keywords: launch_planes' own ("config": (BLOCK_M, BLOCK_N, warps, stages, programs per SM,
+    # chunks per step, scale ahead, one K = 128 dot per chunk, scale folded into the codes);
+    # "programs_per_sm"; "fixup": the K splits added in the kernel by each tile's last split),
+    # and the tool's: "extra", the last two config fields appended to the shape's default tiles;
+    # "max_split", K splits capped (1: one launch per call, no combine kernel). A BLOCK_M below M
+    # runs several M tiles side by side on the same weight tile (L2 shares it). At one row the
+    # forms run the planes kernel on 16 padded rows.
     "unsplit": ({"max_split": 1}, (16, 32, 64)),
 }
 RESULTS: dict[str, Any] = {"rows": [], "errors": [], "skipped": [], "checks": []}
@@ -228,7 +228,6 @@ def ptx_report() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     import triton
-
 
     kernel = planes._planes_kernel
     ints = ("M", "N", "stride_xm", "stride_w", "chunks_per_split", "n_chunks", "m_tiles", "n_splits")
