@@ -105,6 +105,24 @@ FORMS: dict[str, tuple[dict, tuple]] = {
     # forms run the planes kernel on 16 padded rows.
     "unsplit": ({"max_split": 1}, (16, 32, 64)),
 }
+#: One-row forms of the planes kernel (16 padded rows): the default's tile with the K = 128 dot,
+#: other stages, splits, chunks, warps and widths (``--one-row-forms`` adds them at M = 1-8).
+ONE_ROW_FORMS: dict[str, tuple[dict, tuple]] = {
+    f"1row {bn}x{w}w s{s} pps{pps} c{ch}{' ahead' if ahead else ''}{' k128' if k128 else ''}"
+    f"{' fold' if fold else ''}": ({"config": (16, bn, w, s, pps, ch, ahead, k128, fold)}, (1, 2, 4, 8))
+    for bn, w, s, pps, ch, ahead, k128, fold in (
+        (64, 2, 3, 4, 2, False, False, False), (64, 2, 3, 4, 2, False, True, False),
+        (64, 2, 4, 4, 2, False, True, False), (64, 2, 5, 4, 2, False, True, False),
+        (64, 2, 6, 4, 2, False, True, False), (64, 2, 3, 2, 2, False, True, False),
+        (64, 2, 3, 8, 2, False, True, False), (64, 2, 4, 8, 2, False, True, False),
+        (64, 2, 4, 4, 1, False, True, False), (64, 2, 3, 4, 4, False, True, False),
+        (64, 2, 3, 4, 2, True, True, False), (64, 2, 4, 4, 2, True, True, False),
+        (64, 2, 3, 4, 2, False, True, True), (64, 2, 4, 4, 2, False, True, True),
+        (64, 1, 3, 4, 2, False, True, False), (64, 1, 4, 8, 2, False, True, False),
+        (32, 1, 3, 4, 2, False, True, False), (32, 2, 3, 4, 2, False, True, False),
+        (32, 2, 4, 8, 2, False, True, False), (64, 4, 4, 4, 1, False, True, False),
+        (64, 4, 4, 2, 1, False, True, False), (128, 4, 3, 4, 2, False, True, False),
+        (128, 4, 4, 2, 2, False, True, False), (128, 4, 4, 4, 1, False, True, False))}
 RESULTS: dict[str, Any] = {"rows": [], "errors": [], "skipped": [], "checks": []}
 
 
@@ -275,7 +293,10 @@ def main() -> int:
     parser.add_argument("--rows", default="", help="comma-separated M to time (default: 16,64 then 1,2,4,8,32)")
     parser.add_argument("--name", default="int4_candidate.json", help="the JSON file's name")
     parser.add_argument("--head8b", action="store_true", help="also the 8B output head (128256x4096)")
+    parser.add_argument("--one-row-forms", action="store_true", help="also ONE_ROW_FORMS at M = 1-8")
     args = parser.parse_args()
+    if args.one_row_forms:
+        FORMS.update(ONE_ROW_FORMS)
     if args.ptx:
         return ptx_report()
     smoke = args.cpu_smoke or not torch.cuda.is_available()
@@ -286,7 +307,7 @@ def main() -> int:
     passes = (tuple(int(m) for m in args.rows.split(",")),) if args.rows else (ROWS_FIRST, ROWS_LATER)
     for ms in passes:
         for n, k, label in shapes:
-            shape_rows(n, k, label, ms if not smoke else tuple(m for m in ms if m in (2, 16, 64)), device,
+            shape_rows(n, k, label, ms if not smoke else tuple(m for m in ms if m in (1, 2, 16, 64)), device,
                        deadline, smoke)
     lines = summary()
     print("\n".join(lines))
