@@ -250,7 +250,7 @@ def ptx_report() -> int:
     kernel = planes._planes_kernel
     ints = ("M", "N", "stride_xm", "stride_w", "chunks_per_split", "n_chunks", "m_tiles", "n_splits")
     aligned = ("x_ptr", "w_ptr", "gw_ptr", "b_ptr", "out_ptr", "N", "stride_xm", "stride_w")
-    block_ms = {"ONE_ROW": 16, "TWO_WARPS": 16, "FEW_ROWS": 16, "FOUR_WARPS": 32, "WIDE": 16, "WIDE_FOLDED": 32,
+    block_ms = {"TWO_WARPS_FEW_ROWS": 16, "TWO_WARPS": 16, "FEW_ROWS": 16, "FOUR_WARPS": 32, "WIDE": 16, "WIDE_FOLDED": 32,
                 "WIDE_PER_PLANE": 32, "EIGHT_WARPS": 64, "LARGE": 64}
     failures = 0
     for name, block_m in block_ms.items():

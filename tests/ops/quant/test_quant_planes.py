@@ -219,20 +219,20 @@ def test_one_k128_dot_per_chunk_and_the_folded_scale(group_size, symmetric, dtyp
         assert rel_error(out, want) < TOLERANCE[dtype]
 
 
-def test_the_rules_pick_the_k128_dot_except_at_one_row_and_fold_on_two_tiles():
-    """K = 128 dots from 2 rows (not on the middle weights from 65 rows), the fold only on the
-    large and two-32-row tiles from 33 rows."""
+def test_the_rules_pick_the_k128_dot_and_fold_on_two_tiles():
+    """K = 128 dots from 1 row (not on the middle weights from 65 rows), the fold only on the
+    large and two-32-row tiles from 33 rows; 1-8 rows take the same tiles."""
     def tiles(m, n, k):
         return pt.planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
     shapes = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (6144, 4096), (28672, 4096), (4096, 14336)]
-    for m in (2, 8, 9, 16, 17, 32, 33, 64, 128):
+    for m in (1, 2, 8, 9, 16, 17, 32, 33, 64, 128):
         for n, k in shapes:
             config = tiles(m, n, k)
             per_plane = m > 64 and pt.PLANES_SMALL_MAX_NK < n * k <= pt.PLANES_MIDDLE_MAX_NK
             assert config[7] != per_plane, (m, n, k)
             folded = config[1:] in (pt.PLANES_TILE_LARGE, pt.PLANES_TILE_WIDE_FOLDED)
             assert config[8] == folded and (not folded or m > 32), (m, n, k)
-    assert not any(tiles(1, n, k)[7] for n, k in shapes)
+    assert all(tiles(1, n, k) == tiles(8, n, k) for n, k in shapes)
     assert tiles(128, 4096, 4096)[1:] == pt.PLANES_TILE_WIDE_PER_PLANE
 
 
@@ -265,9 +265,9 @@ def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     assert "planes layout" in tk.supports_prefill(many)
     few = prepare(x[:1], pw, None).problem
     assert tk.supports_decode(few) is None and "GEMV reads the planes layout" in planes.supports_planes(few)
-    head = LinearProblem(torch.float16, 1, 8192, 2048, 4, 128, False, False, "cuda", "planes")   # 16M elements
-    assert planes.supports_planes(head) is None and f"N*K < {2 ** 24}" in tk.supports_decode(head)
-    below = LinearProblem(torch.float16, 1, 8191, 2048, 4, 128, False, False, "cuda", "planes")
+    qkv = LinearProblem(torch.float16, 1, 3072, 2048, 4, 128, False, False, "cuda", "planes")   # 6M elements
+    assert planes.supports_planes(qkv) is None and f"N*K < {6 * 2 ** 20}" in tk.supports_decode(qkv)
+    below = LinearProblem(torch.float16, 1, 3071, 2048, 4, 128, False, False, "cuda", "planes")
     assert tk.supports_decode(below) is None and "GEMV reads the planes layout" in planes.supports_planes(below)
     assert "chosen: triton.decode" in rows_text and "not triton.planes: the weight is in the rows layout" in rows_text
     with opforge.backend("torch"), opforge.trace() as t:      # the torch path reads either layout

@@ -1,7 +1,7 @@
 """The ``planes`` Triton variant of ``linear``: int4 weights repacked into the planes layout
-(``weight.repack``), on tensor cores, M = 2..255 (more than 64 rows run several M tiles).
+(``weight.repack``), on tensor cores, M = 1..255 (more than 64 rows run several M tiles).
 The other kernels read the planes layout where they run better: the decode variant's GEMV at
-one row with groups of >= 128 (``planes_gemv``), dequant+cuBLAS (its dequantize kernel) on small
+one row of the smallest weights with groups of >= 128 (``planes_gemv``), dequant+cuBLAS (its dequantize kernel) on small
 weights from 65 rows and on every weight from 256 (``planes_dequant``).
 
 What bounds the rows-layout dot kernel (``triton_kernels._qmm_kernel``, SWAP+JOIN; H100, CUDA
@@ -166,7 +166,11 @@ def _planes_dot(acc, s, x_rows, words, z, m_mask, q, first: tl.constexpr, count:
     return out
 
 
-@triton.jit
+# M is not specialized: Triton compiles M == 1 as a constant, and that variant of the two-warp
+# K = 128 tile ran slower than the same tile at M = 2 (H100, CUDA graphs over L2-cold weights,
+# ``results/h100/2026-11-27-e5379f8/int4_small_rows.json``: 8B gate_up 35.0 vs 28.0 us, 8B head
+# 121.8 vs 107.4); M only masks rows here, so no other variant loses a divisibility it used.
+@triton.jit(do_not_specialize=["M"])
 def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
                    chunks_per_split, n_chunks, m_tiles, n_splits,
                    GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
