@@ -192,10 +192,11 @@ def test_chunks_per_step_and_scales_ahead_across_splits(k, group_size, chunks, a
 
 @pytest.mark.parametrize("m, config", [
     (20, (64,) + pt.PLANES_TILE_LARGE), (32, (16,) + pt.PLANES_TILE_WIDE), (45, (32,) + pt.PLANES_TILE_WIDE_FOLDED),
-    (64, (16,) + pt.PLANES_TILE_TWO_WARPS), (40, (64,) + pt.PLANES_TILE_EIGHT_WARPS), (7, (16,) + pt.PLANES_TILE_FEW_ROWS)])
+    (64, (16,) + pt.PLANES_TILE_TWO_WARPS), (40, (64,) + pt.PLANES_TILE_EIGHT_WARPS), (7, (16,) + pt.PLANES_TILE_FEW_ROWS),
+    (1, (16,) + pt.PLANES_TILE_FEW_ROWS), (1, (16,) + pt.PLANES_TILE_TWO_WARPS)])
 def test_tiles_of_other_rows_than_m(m, config):
-    """The tiles the rules pick: one tile with padded rows, several M tiles side by side (a
-    partial last one), each against float64."""
+    """The tiles the rules pick: one tile with padded rows (one row: the kernel's copy with M not
+    specialized), several M tiles side by side (a partial last one), each against float64."""
     qw, pw = planes_weight(300, 512, 128, seed=m)
     x = torch.randn(m, 512, device=DEVICE, dtype=torch.bfloat16)
     out = planes.launch_planes(prepare(x, pw, None), config)
@@ -221,7 +222,7 @@ def test_one_k128_dot_per_chunk_and_the_folded_scale(group_size, symmetric, dtyp
 
 def test_the_rules_pick_the_k128_dot_and_fold_on_two_tiles():
     """K = 128 dots from 1 row (not on the middle weights from 65 rows), the fold only on the
-    large and two-32-row tiles from 33 rows; 1-8 rows take the same tiles."""
+    large and two-32-row tiles from 33 rows; one row takes the tiles of 2-8 rows."""
     def tiles(m, n, k):
         return pt.planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
     shapes = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (6144, 4096), (28672, 4096), (4096, 14336)]
@@ -232,7 +233,7 @@ def test_the_rules_pick_the_k128_dot_and_fold_on_two_tiles():
             assert config[7] != per_plane, (m, n, k)
             folded = config[1:] in (pt.PLANES_TILE_LARGE, pt.PLANES_TILE_WIDE_FOLDED)
             assert config[8] == folded and (not folded or m > 32), (m, n, k)
-    assert all(tiles(1, n, k) == tiles(8, n, k) for n, k in shapes)
+    assert all(tiles(1, n, k) == tiles(2, n, k) for n, k in shapes)
     assert tiles(128, 4096, 4096)[1:] == pt.PLANES_TILE_WIDE_PER_PLANE
 
 
@@ -265,9 +266,9 @@ def test_only_a_repacked_weight_selects_planes_and_it_selects_nothing_else():
     assert "planes layout" in tk.supports_prefill(many)
     few = prepare(x[:1], pw, None).problem
     assert tk.supports_decode(few) is None and "GEMV reads the planes layout" in planes.supports_planes(few)
-    qkv = LinearProblem(torch.float16, 1, 3072, 2048, 4, 128, False, False, "cuda", "planes")   # 6M elements
-    assert planes.supports_planes(qkv) is None and f"N*K < {6 * 2 ** 20}" in tk.supports_decode(qkv)
-    below = LinearProblem(torch.float16, 1, 3071, 2048, 4, 128, False, False, "cuda", "planes")
+    head = LinearProblem(torch.float16, 1, 8192, 2048, 4, 128, False, False, "cuda", "planes")   # 16M elements
+    assert planes.supports_planes(head) is None and f"N*K < {2 ** 24}" in tk.supports_decode(head)
+    below = LinearProblem(torch.float16, 1, 8191, 2048, 4, 128, False, False, "cuda", "planes")
     assert tk.supports_decode(below) is None and "GEMV reads the planes layout" in planes.supports_planes(below)
     assert "chosen: triton.decode" in rows_text and "not triton.planes: the weight is in the rows layout" in rows_text
     with opforge.backend("torch"), opforge.trace() as t:      # the torch path reads either layout

@@ -1,8 +1,9 @@
 """The ``planes`` Triton variant of ``linear``: int4 weights repacked into the planes layout
 (``weight.repack``), on tensor cores, M = 1..255 (more than 64 rows run several M tiles).
 The other kernels read the planes layout where they run better: the decode variant's GEMV at
-one row of the smallest weights with groups of >= 128 (``planes_gemv``), dequant+cuBLAS (its dequantize kernel) on small
-weights from 65 rows and on every weight from 256 (``planes_dequant``).
+one row of weights under 16M elements with groups of >= 128 (``planes_gemv``), dequant+cuBLAS
+(its dequantize kernel) on small weights from 65 rows and on every weight from 256
+(``planes_dequant``).
 
 What bounds the rows-layout dot kernel (``triton_kernels._qmm_kernel``, SWAP+JOIN; H100, CUDA
 graphs over L2-cold weights, at fed7445): M=16 8B gate_up 69 us for 62 MB of packed weight
@@ -166,11 +167,7 @@ def _planes_dot(acc, s, x_rows, words, z, m_mask, q, first: tl.constexpr, count:
     return out
 
 
-# M is not specialized: Triton compiles M == 1 as a constant, and that variant of the two-warp
-# K = 128 tile ran slower than the same tile at M = 2 (H100, CUDA graphs over L2-cold weights,
-# ``results/h100/2026-11-27-e5379f8/int4_small_rows.json``: 8B gate_up 35.0 vs 28.0 us, 8B head
-# 121.8 vs 107.4); M only masks rows here, so no other variant loses a divisibility it used.
-@triton.jit(do_not_specialize=["M"])
+@triton.jit
 def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
                    chunks_per_split, n_chunks, m_tiles, n_splits,
                    GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -228,7 +225,15 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
            HAS_BIAS, PARTIAL, FIXUP)
 
 
+# One row runs a copy whose M is not specialized. Triton compiles M == 1 as a constant, and that
+# variant of the K = 128 tiles ran slower than the same tiles at two rows (H100, CUDA graphs over
+# L2-cold weights, ``results/h100/2026-11-27-e5379f8/int4_small_rows.json``: 8B gate_up 35.0 vs
+# 28.0 us, 8B head 121.8 vs 107.4). From two rows M keeps its specialization: M % 16 changes the
+# two-warp tile's sm_90 code (188 registers vs 150), and without it 1B qkv and o at 64 rows ran
+# 10% slower in ``quant_batch`` (``results/h100/2026-11-27-b338125``).
+_planes_one_row_kernel = triton.jit(do_not_specialize=["M"])(_planes_kernel.fn)
 _planes = TritonLauncher(_planes_kernel)
+_planes_one_row = TritonLauncher(_planes_one_row_kernel)
 
 
 def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: Optional[int] = None,
@@ -265,7 +270,8 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     mode, _ = code_mode(4, x.dtype)
     interpreting = triton_interpreting()
     asm = not interpreting if asm is None else asm and not interpreting
-    _planes((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
+    kernel = _planes_one_row if p.m == 1 else _planes
+    kernel((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
                              w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
                              w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
                              asm, dependent, chunks, scale_ahead, k128, fold),

@@ -21,14 +21,18 @@ Measured (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``benchmarks/too
 ``results/h100/2026-11-27-029a7c4/fold_probe{,2,3}.json``), us before -> after:
 
 * 1-8 rows (one row: the planes kernel from ``PLANES_MMA_MIN_NK``): four warps, 2 programs per
-  SM, K = 128 dot on weights under 16M elements (1B qkv 5.8 -> 5.0, 1B o 4.9 -> 4.6 at 2 rows);
-  from 16M two warps, two chunks, the K = 128 dot, 2 programs per SM
-  (``results/h100/2026-11-27-e5379f8/int4_small_rows.json``, at 2 / 4 / 8 rows against the
-  four-warp tile under 48M and the same tile at 4 programs per SM from 48M: 1B gate_up 10.5 ->
-  9.7, 8B down 17.2 -> 16.4, 1B down 7.8 -> 7.9, 8B qkv 10.4 -> 10.4, 8B o 7.2 -> 7.2, 8B
-  gate_up and the heads within 1%). One row runs the same tiles since M is not specialized
-  (``planes._planes_kernel``); before, its two-warp tile without the K = 128 dot took 8B gate_up
-  34.5 us, 8B head 117.3, 1B gate_up 11.4, 1B down 9.2, 8B o 8.4, and 1B qkv's GEMV 5.5.
+  SM, K = 128 dot on weights under 48M elements (1B qkv 5.8 -> 5.0, 1B o 4.9 -> 4.6, 1B down 9.3
+  -> 7.7, 8B o 8.3 -> 7.2 at 2 rows; 8B qkv 9.9 -> 10.3); from 48M two warps with the K = 128
+  dot (8B gate_up 34.2 -> 28.2, 8B head 117.6 -> 107.7, 8B down 17.4 -> 17.1). Same order at 4
+  and 8 rows. One row takes the same tiles through a copy of the kernel whose M is not
+  specialized (``planes._planes_one_row_kernel``): compiled with M == 1 as a constant, the K = 128
+  tiles ran slower than at 2 rows (8B gate_up 35.0 vs 28.0 us, 8B head 121.8 vs 107.4;
+  ``results/h100/2026-11-27-e5379f8/int4_small_rows.json``), so one row had kept a two-warp tile
+  without the K = 128 dot (8B gate_up 34.5, 1B gate_up 11.4).
+  Two warps at 2 programs per SM on every weight from 16M elements, faster in that probe (1B
+  gate_up 10.5 -> 9.7, 8B down 17.2 -> 16.4 us), was slower in the ``quant_batch`` suite (11.0
+  -> 12.0, 17.7 -> 18.6) and in the models (1B int4 at batch 8 8,590 -> 8,115 tokens/s):
+  dropped (``results/h100/2026-11-27-b338125``).
 * 9-16 rows: the output heads (from 128M elements) two warps with the K = 128 dot (1B head 65.9
   -> 64.2, 8B head 128.5 -> 124.2; four warps 69.5 and 139.7); K >= 4096 up to 32M elements one
   warpgroup on 128 features with the K = 128 dot (8B qkv 11.2 -> 9.7, 8B o 8.4 -> 7.9, 1B down
@@ -60,12 +64,10 @@ from .problem import LinearProblem
 
 #: BLOCK_M of the planes kernel is the power of two >= M within 16..``PLANES_MAX_BLOCK_M``.
 PLANES_MAX_BLOCK_M = 64
-#: two warps (mma.sync) on 64 features, two chunks per step, one K = 128 dot: 9-16 rows from
-#: ``PLANES_HEAD_MIN_NK``, 33+ rows up to ``PLANES_SMALL_MAX_NK`` (as 16-row tiles)
+#: two warps (mma.sync), two chunks per step, one K = 128 dot: 1-8 rows from ``PLANES_LARGE_MIN_NK``,
+#: 9-16 rows from ``PLANES_HEAD_MIN_NK``, 33+ rows up to ``PLANES_SMALL_MAX_NK`` (as 16-row tiles)
 PLANES_TILE_TWO_WARPS = (64, 2, 3, 4, 2, False, True, False)
-#: 1-8 rows from ``PLANES_FEW_ROWS_WIDE_MIN_NK``: the same, K splits for 2 programs per SM
-PLANES_TILE_TWO_WARPS_FEW_ROWS = (64, 2, 3, 2, 2, False, True, False)
-#: 1-8 rows below it: four warps on 64 features, K splits for 2 programs per SM
+#: 1-8 rows under ``PLANES_LARGE_MIN_NK``: four warps on 64 features, K splits for 2 programs per SM
 PLANES_TILE_FEW_ROWS = (64, 4, 4, 2, 1, False, True, False)
 #: 9-32 rows (the other cases): four warps on 64 features, 4 stages
 PLANES_TILE_FOUR_WARPS = (64, 4, 4, 4, 1, False, True, False)
@@ -86,7 +88,6 @@ PLANES_TILE_LARGE = (256, 8, 3, 1, 1, False, True, True)
 PLANES_SMALL_MAX_NK = 8 * 2 ** 20      # 1B qkv and o
 PLANES_MIDDLE_MAX_NK = 16 * 2 ** 20    # 1B down, 8B o
 PLANES_LARGE_MIN_NK = 48 * 2 ** 20     # 8B gate_up and down, the output heads
-PLANES_FEW_ROWS_WIDE_MIN_NK = 16 * 2 ** 20   # 1B gate_up and down, 8B qkv and o, and larger
 PLANES_HEAD_MIN_NK = 128 * 2 ** 20     # the output heads (vocabulary x hidden)
 PLANES_WIDE_MIN_K = 4096
 PLANES_WIDE_MAX_NK = 32 * 2 ** 20
@@ -96,12 +97,11 @@ PLANES_UNSPLIT_MIN_N = 16384           # 1B gate_up and wider (256+ tiles of 64 
 #: gate_up 12.9 vs 20.3 us, 8B down 19.9 vs 34.6; M=4 13.3 vs 25.8, 20.4 vs 43.8) ...
 PLANES_GEMV_MAX_M = 1
 #: ... and at one row too on weights of at least this many elements N*K: the planes kernel pads
-#: x to 16 rows. With its two-warp tile it beat the GEMV reading the planes layout from 16M
-#: elements (us: 1B gate_up 13.1 -> 11.9, 1B down 10.3 -> 9.4, 8B qkv 11.8 -> 9.8, gate_up 38.0
-#: -> 34.4, down 22.3 -> 17.2, 8B o 8.3 both); with M not specialized the four-warp tile runs 1B
-#: qkv at 2 rows in 4.9 us against the GEMV's 5.5 at one (``results/h100/2026-11-27-e5379f8``).
-#: Below it (1B o: GEMV 4.2, the kernel 4.5) the GEMV stays.
-PLANES_MMA_MIN_NK = 6 * 2 ** 20
+#: x to 16 rows, and with two warps and two chunks per step it beat the GEMV reading the planes
+#: layout at one row (us: 1B gate_up 13.1 -> 11.9, 1B down 10.3 -> 9.4, 8B qkv 11.8 -> 9.8,
+#: gate_up 38.0 -> 34.4, down 22.3 -> 17.2, 8B o 8.3 both; the 1B head 59.4). Below it (1B qkv
+#: 5.6 both, 1B o 4.2 vs 4.7) the GEMV stays.
+PLANES_MMA_MIN_NK = 16 * 2 ** 20
 #: Weights of at most ``PLANES_SMALL_MAX_NK`` elements run dequant+cuBLAS from this many rows
 #: (unmeasured for 16-row tiles beyond 64 rows), as every weight from ``problem.DEQUANT_GEMM_MIN_M`` rows.
 PLANES_DEQUANT_SMALL_MIN_M = 65
@@ -115,8 +115,10 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
         >>> import torch
         >>> def tiles(m, n, k):
         ...     return planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
-        >>> tiles(1, 28672, 4096), tiles(4, 3072, 2048)
-        ((16, 64, 2, 3, 2, 2, False, True, False), (16, 64, 4, 4, 2, 1, False, True, False))
+        >>> tiles(1, 28672, 4096) == tiles(8, 28672, 4096)
+        True
+        >>> tiles(4, 4096, 4096), tiles(4, 28672, 4096)
+        ((16, 64, 4, 4, 2, 1, False, True, False), (16, 64, 2, 3, 4, 2, False, True, False))
         >>> tiles(16, 128256, 4096), tiles(16, 4096, 4096), tiles(16, 28672, 4096)
         ((16, 64, 2, 3, 4, 2, False, True, False), (16, 128, 4, 4, 4, 1, False, True, False), (16, 64, 4, 4, 1, 1, False, True, False))
         >>> tiles(24, 128256, 4096), tiles(24, 3072, 2048)
@@ -128,7 +130,7 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
     """
     nk = p.n * p.k
     if p.m <= 8:
-        return (16,) + (PLANES_TILE_TWO_WARPS_FEW_ROWS if nk >= PLANES_FEW_ROWS_WIDE_MIN_NK else PLANES_TILE_FEW_ROWS)
+        return (16,) + (PLANES_TILE_TWO_WARPS if nk >= PLANES_LARGE_MIN_NK else PLANES_TILE_FEW_ROWS)
     if p.m <= 16:
         if nk >= PLANES_HEAD_MIN_NK:
             return (16,) + PLANES_TILE_TWO_WARPS
