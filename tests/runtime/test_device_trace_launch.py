@@ -1,6 +1,9 @@
 """device_info and its cached bandwidth, trace formatting, the launcher's specialization key."""
 import json
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -104,6 +107,50 @@ def test_generic_key_reads_tensor_subclasses_as_tensors():
     key = launcher._key((w, 32, 1e-5, 128), 4, 2)
     assert key == launcher._key((torch.zeros(64), 32, 1e-5, 128), 4, 2)
     assert not any(isinstance(part, torch.Tensor) for part in key)
+
+
+class FakeTritonPath:
+    """A kernel whose ``kernel[grid](...)`` (Triton's own path) records how many threads are inside
+    it at once; what it returns has no binary pieces, so every call takes that path again."""
+    params = [FakeParam(False), FakeParam(False), FakeParam(True)]
+
+    def __init__(self):
+        self.inside, self.most, self.calls = 0, 0, 0
+        self.lock = threading.Lock()
+
+    def __getitem__(self, grid):
+        def run(*args, **options):
+            with self.lock:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+                self.calls += 1
+            time.sleep(0.0005)
+            with self.lock:
+                self.inside -= 1
+            return object()
+        return run
+
+
+def test_calls_through_tritons_path_from_many_threads_run_one_at_a_time():
+    """First calls (which compile) and calls without a direct launch go through Triton's path, which
+    is not thread-safe (an H100 run had a launcher called with another kernel's arguments): eight
+    threads' calls there run one at a time, and none is lost."""
+    kernel = FakeTritonPath()
+    launcher = launch.TritonLauncher(kernel)
+    launcher.interpreted = False
+    start = threading.Barrier(8)
+
+    def worker(index):
+        start.wait()
+        for k in range(20):
+            launcher._launch((1,), (torch.zeros(16), 16 + 16 * (k % 3), 128 + index % 2), 4, 2, None)
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert kernel.calls == 160 and kernel.most == 1
 
 
 def test_hook_chains():

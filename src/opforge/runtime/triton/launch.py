@@ -6,13 +6,15 @@ GPU. ``TritonLauncher`` computes the same specialization facts Triton uses (argu
 16-byte alignment of pointers, integers equal to 1 or divisible by 16, 32- vs 64-bit integers,
 constexpr values), keeps Triton's compiled kernel per distinct key, and calls its launcher
 directly. The first call of each key goes through Triton's own path, which compiles; under
-``TRITON_INTERPRET=1`` every call does, since the interpreter has no compiled kernel.
+``TRITON_INTERPRET=1`` every call does, since the interpreter has no compiled kernel. Calls
+through Triton's path take one process-wide lock (``_TRITON_PATH``); direct launches do not.
 """
 from __future__ import annotations
 
 import functools
 import inspect
 import os
+import threading
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -34,6 +36,15 @@ def _raw_stream_getter():
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+# Triton's own launch path is not safe from several threads at once: it builds each new kernel's C
+# launcher as a module named ``__triton_launcher`` and loads it, and its per-device caches are
+# filled without a lock. On an H100, eight threads making first calls of the norm, softmax and
+# activation kernels at once had one call fail in the launcher with "function takes exactly 37
+# arguments (29 given)": another kernel's argument count. So every call through that path (first
+# calls, which compile; calls a profiler hook watches; a Triton without direct launches) holds
+# this lock. A compiled kernel's direct launches, the common case, take no lock.
+_TRITON_PATH = threading.RLock()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -172,13 +183,17 @@ class TritonLauncher:
         pdl = self._pdl_at is not None and args[self._pdl_at] is True
         options = {"launch_pdl": True} if pdl else {}
         if compiled is None:
-            compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
-            self._compiled[key] = self._prepare(compiled, args)
-            return
+            with _TRITON_PATH:
+                compiled = self._compiled.get(key)   # another thread may have compiled it meanwhile
+                if compiled is None:
+                    compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
+                    self._compiled[key] = self._prepare(compiled, args)
+                    return
         if compiled is False or _hook_active(self._hooks.launch_enter_hook) \
                 or _hook_active(self._hooks.launch_exit_hook):
             # this Triton's binaries cannot be launched directly, or a profiler wants launch metadata
-            self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
+            with _TRITON_PATH:
+                self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
             return
         function, packed, run, tensor_positions = compiled
         # Raw addresses: Triton's launcher would otherwise call data_ptr() and query the driver
