@@ -8,11 +8,11 @@ Storage (what the kernels read; ``from_codes``/``dequantize`` hide it):
 * int4 repacked (``repack(w, "planes")``, ``QuantizedWeight.layout == "planes"``; what
   ``opforge.models.load`` gives int4 weights on CUDA, ``preferred_layout``): per chunk of 128
   codes of a row, nibble ``i`` of word ``c`` holds column ``16i + c``, so nibble ``i`` of a word
-  tile is one tensor-core K step (``opforge.ops.quant.planes``, the ``planes`` variant, 2..255 rows;
-  the GEMV reads it at one row, dequant+cuBLAS from 256 rows and on small weights from 65). Scale
-  and zero then also travel as one int32 per group and row (``group_words``, derived). H100
-  (``quant_batch`` suite): 0.98-3.39x the rows layout at 2-128 rows, 0.91-1.23x at one row (the
-  decoder at batch 1: 1B 0.95x, 8B 1.03x).
+  tile is one tensor-core K step (``opforge.ops.quant.planes``, the ``planes`` variant, 1..255 rows;
+  the GEMV reads it at one row under 16M weight elements, dequant+cuBLAS from 256 rows and on small
+  weights from 65). Scale and zero then also travel as one int32 per group and row
+  (``group_words``, derived). H100 (``quant_batch`` suite): 0.98-3.39x the rows layout at 2-128
+  rows, 0.91-1.23x at one row (the decoder at batch 1: 1B 0.95x, 8B 1.03x).
 * int8: ``packed`` uint8 (N, K), row-major.
 * ``scales_t`` and ``zeros_t`` (K/group, N): transposed, so the scales of the BLOCK_N rows a
   program works on are one contiguous load. float16 from ``quantize_weight`` (see there);

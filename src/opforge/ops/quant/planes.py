@@ -230,7 +230,7 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
 # L2-cold weights, ``results/h100/2026-11-27-e5379f8/int4_small_rows.json``: 8B gate_up 35.0 vs
 # 28.0 us, 8B head 121.8 vs 107.4). From two rows M keeps its specialization: M % 16 changes the
 # two-warp tile's sm_90 code (188 registers vs 150), and without it 1B qkv and o at 64 rows ran
-# 10% slower in ``quant_batch`` (``results/h100/2026-11-27-b338125``).
+# 10% slower in ``quant_batch`` (``results/h100/2026-11-28-b338125``).
 _planes_one_row_kernel = triton.jit(do_not_specialize=["M"])(_planes_kernel.fn)
 _planes = TritonLauncher(_planes_kernel)
 _planes_one_row = TritonLauncher(_planes_one_row_kernel)

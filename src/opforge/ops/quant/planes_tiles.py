@@ -32,7 +32,7 @@ Measured (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``benchmarks/too
   Two warps at 2 programs per SM on every weight from 16M elements, faster in that probe (1B
   gate_up 10.5 -> 9.7, 8B down 17.2 -> 16.4 us), was slower in the ``quant_batch`` suite (11.0
   -> 12.0, 17.7 -> 18.6) and in the models (1B int4 at batch 8 8,590 -> 8,115 tokens/s):
-  dropped (``results/h100/2026-11-27-b338125``).
+  dropped (``results/h100/2026-11-28-b338125``).
 * 9-16 rows: the output heads (from 128M elements) two warps with the K = 128 dot (1B head 65.9
   -> 64.2, 8B head 128.5 -> 124.2; four warps 69.5 and 139.7); K >= 4096 up to 32M elements one
   warpgroup on 128 features with the K = 128 dot (8B qkv 11.2 -> 9.7, 8B o 8.4 -> 7.9, 1B down
