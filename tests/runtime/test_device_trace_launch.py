@@ -1,6 +1,5 @@
 """device_info and its cached bandwidth, trace formatting, the launcher's specialization key."""
 import json
-
 import threading
 import time
 

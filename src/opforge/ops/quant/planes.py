@@ -272,10 +272,10 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     asm = not interpreting if asm is None else asm and not interpreting
     kernel = _planes_one_row if p.m == 1 else _planes
     kernel((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
-                             w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
-                             w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
-                             asm, dependent, chunks, scale_ahead, k128, fold),
-            num_warps=warps, num_stages=stages)
+                            w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
+                            w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
+                            asm, dependent, chunks, scale_ahead, k128, fold),
+           num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         mn = p.m * p.n
         _combine((cdiv(mn, 1024),), (ws, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
