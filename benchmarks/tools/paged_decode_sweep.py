@@ -24,6 +24,7 @@ import opforge  # noqa: E402
 from opforge.ops.paged import bench, config, reference  # noqa: E402
 from opforge.ops.paged import triton_kernels as tk  # noqa: E402
 from opforge.ops.paged.problem import prepare_attention  # noqa: E402
+from opforge.testing import rel_error  # noqa: E402
 
 #: (B, Hq, Hkv, ctx, D, block): the 1B and 8B models' decode at batch 1 / 8 / 32, context 512;
 #: 32 sequences of 4096; then (``--long``) one or eight long sequences, as the ``paged`` suite's
@@ -37,8 +38,6 @@ L2_COLD_BYTES = 160 * 2**20     # pools timed per shape: over three L2s' worth
 def forms(splits: tuple) -> list[tuple[int, int, int, int]]:
     return [(bn, w, s, sp) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4) for sp in splits
             if not (bn == 128 and w == 2)]
-
-
 
 
 def with_tiles(block_n: int, warps: int, stages: int):
@@ -91,20 +90,22 @@ def main() -> int:
                                          for c in calls])
         for pps in (int(x) for x in args.programs_per_sm.split(",") if x):
             saved, config.DECODE_16BIT_PROGRAMS_PER_SM = config.DECODE_16BIT_PROGRAMS_PER_SM, pps
+            config.decode_tiles.cache_clear()   # its answers depend on the constant
             try:
                 splits = config.decode_tiles(d, 2, hq // hkv, b, hkv, calls[0].problem.capacity, tk._sms(q))
                 name = f"rule pps{pps} (n{splits[1]} w{splits[2]} s{splits[3]} x{splits[4]})"
                 out = tk.launch_decode(calls[0])
-                row["rel_err"][name] = ((out.double() - want).norm() / want.norm()).item()
+                row["rel_err"][name] = rel_error(out, want)
                 row["us"][name] = graph_us([lambda c=c: tk.launch_decode(c) for c in calls])
             finally:
                 config.DECODE_16BIT_PROGRAMS_PER_SM = saved
+                config.decode_tiles.cache_clear()
         for bn, w, st, sp in ([] if args.defaults_only else chosen):
             name = f"n{bn} w{w} s{st} x{sp}"
             config.decode_tiles = with_tiles(bn, w, st)
             try:
                 out = tk.launch_decode(calls[0], sp)
-                err = ((out.double() - want).norm() / want.norm()).item()
+                err = rel_error(out, want)
                 row["rel_err"][name] = err
                 if err > 1e-2:
                     result["errors"].append(f"{shape} {name}: rel err {err:.3g}")

@@ -8,6 +8,7 @@ rest is not tuned for pages.
 """
 from __future__ import annotations
 
+import functools
 
 from ...runtime.triton.launch import cdiv, next_power_of_2
 # the paged kernels' loops are the contiguous kernels' but for where a key's row lives: same tiles
@@ -49,6 +50,7 @@ def decode_splits(batch: int, kv_heads: int, row_blocks: int, capacity: int, sms
     return max(1, min(want, MAX_SPLITS, cdiv(capacity, block_n)))
 
 
+@functools.lru_cache(maxsize=1024)   # asked on every eager decode step, as decode_config is
 def decode_tiles(d: int, itemsize: int, rows: int, batch: int, kv_heads: int, capacity: int, sms: int,
                  interpreted: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_R, BLOCK_N, warps, stages, slices per sequence) of the decode kernel for ``batch``
