@@ -54,6 +54,13 @@ def _layer_norm(rows: int, n: int) -> tuple[Callable[[], torch.Tensor], torch.Te
     return (lambda: opforge.layer_norm(x, w, b)), want
 
 
+def _rms_norm(rows: int, n: int) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    x = torch.randn(rows, n, device="cuda", dtype=torch.float16)
+    w = torch.randn(n, device="cuda", dtype=torch.float16)
+    want = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), eps=1e-6)
+    return (lambda: opforge.rms_norm(x, w)), want
+
+
 def _softmax(rows: int, n: int) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
     x = torch.randn(rows, n, device="cuda", dtype=torch.float16)
     return (lambda: opforge.softmax(x, dim=-1)), torch.softmax(x.double(), dim=-1)
@@ -67,7 +74,10 @@ CASES: dict[str, Case] = {
     "gemv1_gate_up": lambda: _int4(28672, 4096, 1, "rows"),
     "int8_16_gate_up": lambda: _int8(28672, 4096, 16),
     "prefill_d128_1k": lambda: _prefill(16, 32, 1024, 128),
+    "planes1_8b_qkv": lambda: _int4(6144, 4096, 1),
+    "planes1_8b_o": lambda: _int4(4096, 4096, 1),
     "layer_norm_65536": lambda: _layer_norm(1024, 65536),
+    "rms_norm_65536": lambda: _rms_norm(1024, 65536),
     "softmax_65536": lambda: _softmax(1024, 65536),
 }
 
