@@ -67,19 +67,48 @@ def _store(res, ms, m_mask, rows, n_mask, pid_k, tile, M, N, b_ptr, out_ptr, ws_
 
 
 @triton.jit
-def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """out = sum over splits of the float32 partials (in split order), + bias, cast."""
+def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """out = sum over splits of the float32 partials (in split order), + bias, cast. Every split's
+    partial is loaded at once, as one (splits, BLOCK) tile: a loop over the splits let ptxas keep
+    two or three loads in flight and wait for each group in turn (sm_90 SASS at 8 splits), so a
+    call waited several L2 round trips instead of one. With ``combine_tile``'s BLOCK the split axis
+    lies within each thread, whose sum runs in index order: the bits of the loop's (and of the
+    in-kernel reduction, ``_store``)."""
     pdl.wait_for_previous(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    s = tl.arange(0, SPLIT_P2)
+    parts = tl.load(ws_ptr + s[:, None] * MN + offs[None, :], mask=(s[:, None] < SPLIT) & mask[None, :], other=0.0)
+    acc = tl.sum(parts, axis=0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _combine = TritonLauncher(_combine_kernel)
+
+
+def combine_tile(split: int) -> tuple[int, int]:
+    """(elements per program, warps) of the combine kernel for ``split`` partials: 4 consecutive
+    elements per thread (one 16-byte load per split), the warps' threads side by side along them,
+    so each thread holds all of its elements' splits (4 warps up to 8 splits, 2 up to 16, then 1:
+    at most 128 partial values per thread).
+
+    Example:
+        >>> [combine_tile(s) for s in (2, 8, 9, 16, 32)]
+        [(512, 4), (512, 4), (256, 2), (256, 2), (128, 1)]
+    """
+    warps = max(1, 32 // max(8, triton.next_power_of_2(split)))
+    return 128 * warps, warps
+
+
+def launch_combine(ws, bias, out, split: int, has_bias: bool, dependent: bool) -> None:
+    """Add ``split`` float32 partials (split, M, N) into ``out`` (M, N), with ``bias`` if ``has_bias``."""
+    mn = out.numel()
+    block, warps = combine_tile(split)
+    _combine((triton.cdiv(mn, block),), (ws, bias, out, mn, out.shape[-1], split, triton.next_power_of_2(split),
+                                         has_bias, block, dependent), num_warps=warps)
+
+
 _counters = alloc.tile_counters   # per device and stream, left at zero by every launch

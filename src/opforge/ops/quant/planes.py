@@ -50,7 +50,7 @@ from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import epilogue
 from .config import MAX_SPLIT, PROGRAMS_PER_SM, _split, code_mode
-from .kernel_parts import _codes_as_float, _combine, _counters, _store
+from .kernel_parts import _codes_as_float, _counters, _store, launch_combine
 from .planes_tiles import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, planes_config, planes_dequant, planes_gemv
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
@@ -277,8 +277,7 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
                             asm, dependent, chunks, scale_ahead, k128, fold),
            num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
-        mn = p.m * p.n
-        _combine((cdiv(mn, 1024),), (ws, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
+        launch_combine(ws, bias, out, split, has_bias, dependent)
     return epilogue.finish(out, call)   # only the dense one-row GEMV fuses SwiGLU
 
 

@@ -73,7 +73,7 @@ from . import epilogue
 from . import problem as qproblem
 from .config import GEMV_MAX_M, MAX_SPLIT, PROGRAMS_PER_SM, _pow2_le, _programs_per_sm, _split, _swapped, \
     _unswapped_join, code_mode, split_fixup, tile_config
-from .kernel_parts import _codes_as_float, _combine, _counters, _store
+from .kernel_parts import _codes_as_float, _combine, _counters, _store, launch_combine  # noqa: F401 (_combine: tests)
 from .planes import launch_planes, supports_planes
 from .planes_tiles import PLANES_DEQUANT_SMALL_MIN_M, PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, planes_dequant, planes_gemv
 from .problem import LinearCall, LinearProblem
@@ -498,9 +498,7 @@ def launch_config(call: LinearCall, config: tuple, programs_per_sm: int = PROGRA
                                  block_k, dependent, w.layout == "planes"),
               num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
-        target = ws
-        mn = p.m * p.n
-        _combine((cdiv(mn, 1024),), (target, bias, out, mn, p.n, split, has_bias, 1024, dependent), num_warps=4)
+        launch_combine(ws, bias, out, split, has_bias, dependent)
     # SwiGLU as its own kernel: in the one-row GEMV it measured slower than apart (H100, 1B int4 step)
     return epilogue.finish(out, call)
 
