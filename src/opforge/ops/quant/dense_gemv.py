@@ -27,13 +27,21 @@ from ...runtime import alloc
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from .config import _split
-from .kernel_parts import _swiglu_rows
 from .triton_kernels import _counters, _store
 
 #: (BLOCK_N, BLOCK_K, num_warps, programs per SM) when no config is given.
 DEFAULT_CONFIG = (32, 256, 4, 4)
 #: Bytes of weight per program step in ``config_for`` (16-byte loads, all in flight at once).
 STEP_BYTES = 16384
+
+
+@triton.jit
+def _swiglu_rows(pid_n, N, BLOCK_N: tl.constexpr):
+    """The weight rows of a SwiGLU program (one row of x): its BLOCK_N / 2 features ``f`` interleaved
+    with their up rows, gate row ``f`` then up row ``N / 2 + f``, and the mask of both."""
+    r = tl.arange(0, BLOCK_N)
+    feature = pid_n * (BLOCK_N // 2) + r // 2
+    return feature + (r % 2) * (N // 2), feature < N // 2
 
 
 @triton.jit

@@ -67,29 +67,6 @@ def _store(res, ms, m_mask, rows, n_mask, pid_k, tile, M, N, b_ptr, out_ptr, ws_
 
 
 @triton.jit
-def _swiglu_rows(pid_n, N, BLOCK_N: tl.constexpr):
-    """The weight rows of a SwiGLU program: its BLOCK_N / 2 features ``f`` interleaved with their up
-    rows, gate row ``f`` then up row ``N / 2 + f``, and the mask of both."""
-    r = tl.arange(0, BLOCK_N)
-    feature = pid_n * (BLOCK_N // 2) + r // 2
-    return feature + (r % 2) * (N // 2), feature < N // 2
-
-
-@triton.jit
-def _store_swiglu_rows(res, ms, m_mask, rows, n_mask, pid_n, N, b_ptr, out_ptr, HAS_BIAS: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Write ``silu(gate) * up`` of a (BLOCK_M, BLOCK_N) float32 result over ``_swiglu_rows``' rows
-    (bias added first), cast once: (BLOCK_M, BLOCK_N / 2) outputs of rows N / 2 wide."""
-    if HAS_BIAS:
-        res += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    gate, up = tl.split(tl.reshape(res, (BLOCK_M, BLOCK_N // 2, 2)))
-    y = gate / (1.0 + tl.exp(-gate)) * up
-    features = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    off = ms.to(tl.int64)[:, None] * (N // 2) + features[None, :]
-    tl.store(out_ptr + off, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & (features < N // 2)[None, :])
-
-
-@triton.jit
 def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out = sum over splits of the float32 partials (in split order), + bias, cast. Every split's

@@ -50,7 +50,7 @@ from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import epilogue
 from .config import MAX_SPLIT, PROGRAMS_PER_SM, _split, code_mode
-from .kernel_parts import _codes_as_float, _counters, _store, _store_swiglu_rows, _swiglu_rows, launch_combine
+from .kernel_parts import _codes_as_float, _counters, _store, launch_combine
 from .planes_tiles import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, planes_config, planes_dequant, planes_gemv
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
@@ -174,26 +174,21 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
                    PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1,
-                   SCALE_AHEAD: tl.constexpr = False, K128: tl.constexpr = False, FOLD: tl.constexpr = False,
-                   SWIGLU: tl.constexpr = False):
+                   SCALE_AHEAD: tl.constexpr = False, K128: tl.constexpr = False, FOLD: tl.constexpr = False):
     """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
     one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
     columns 16i .. 16i+15 against the matching (BLOCK_M, 16) slice of x. Each group's MMA sum
     (float32) is multiplied by its scales and added to the accumulator. Each loop step takes
     CHUNKS chunks (it divides the split's chunks); SCALE_AHEAD (one group per chunk) loads the
-    next chunk's scales a step early. SWIGLU (no K split): the tile's rows are gate and up rows of
-    BLOCK_N / 2 features (``_swiglu_rows``), written as silu(gate) * up."""
+    next chunk's scales a step early."""
     pdl.wait_for_previous(PDL)
     PPG: tl.constexpr = 8 if (PER_ROW or GROUP >= 128) else GROUP // 16     # planes per group
     pid = tl.program_id(0)
     pid_m = pid % m_tiles
     pid_n = pid // m_tiles
     pid_k = tl.program_id(1)
-    if SWIGLU:
-        rows, n_mask = _swiglu_rows(pid_n, N, BLOCK_N)
-    else:
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = rows < N
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = ms < M
     c16 = tl.arange(0, 16)
@@ -226,11 +221,8 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
                 acc = _planes_dot(acc, s, x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M,
                                   BLOCK_N, K128, FOLD)
     acc = tl.trans(acc)
-    if SWIGLU:
-        _store_swiglu_rows(acc, ms, m_mask, rows, n_mask, pid_n, N, b_ptr, out_ptr, HAS_BIAS, BLOCK_M, BLOCK_N)
-    else:
-        _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
-               HAS_BIAS, PARTIAL, FIXUP)
+    _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
+           HAS_BIAS, PARTIAL, FIXUP)
 
 
 # One row runs a copy whose M is not specialized. Triton compiles M == 1 as a constant, and that
@@ -268,10 +260,7 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     byte_cap = max(1, w.nbytes // (2 * 8 * p.m * p.n))
     chunks = chunks if (p.k // PLANE_CHUNK) % chunks == 0 else 1
     split, k_per_split = _split(tiles, p.k, chunks * PLANE_CHUNK, x.device, pps, min(MAX_SPLIT, byte_cap))
-    swiglu = p.swiglu and split == 1    # a program holds whole sums: SwiGLU in the kernel's store
-    if swiglu:
-        tiles = m_tiles * cdiv(p.n // 2, block_n // 2)
-    out = alloc.empty((p.m, p.n // 2 if swiglu else p.n), x.dtype, x.device)
+    out = alloc.empty((p.m, p.n), x.dtype, x.device)
     has_bias = call.bias is not None
     bias = call.bias if has_bias else w.scales_t
     ws = out if split == 1 else torch.empty((split, p.m, p.n), dtype=torch.float32, device=x.device)
@@ -285,11 +274,11 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     kernel((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
                             w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
                             w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
-                            asm, dependent, chunks, scale_ahead, k128, fold, swiglu),
+                            asm, dependent, chunks, scale_ahead, k128, fold),
            num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         launch_combine(ws, bias, out, split, has_bias, dependent)
-    return out.view(call.out_shape) if swiglu else epilogue.finish(out, call)
+    return epilogue.finish(out, call)   # only the dense one-row GEMV fuses SwiGLU
 
 
 def supports_planes(p: LinearProblem) -> Optional[str]:
