@@ -1,0 +1,107 @@
+"""One row of x on a planes-layout int4 weight (batch-1 decode through the engine): the product's
+choice against the planes GEMV's tiles and the one-row planes kernel's K splits, on the weights
+that read furthest from the copy bandwidth at M = 1 (1B qkv, o, down; 8B qkv, o, down).
+
+Why: under Nsight Compute the one-row planes kernel ran 0.24-0.32 waves on 8B qkv / o (too few
+programs), and the combine kernel that more K splits need is cheaper since every partial is
+loaded at once; the GEMV's wide-K tiles were swept on the rows layout of the 1B weights only.
+
+1. Check each form against ``x.double() @ w.dequantize(float64).T`` (bf16 tolerance); a form
+   that fails or does not compile is reported, not timed.
+2. Time: a CUDA graph of L calls over L weights (>= 160 MB, L2-cold), time per call.
+
+    PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py                 # H100: about 3 minutes
+    PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py --cpu-smoke     # the logic, interpreter
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from typing import Any, Callable
+
+if "--cpu-smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+
+import opforge
+from opforge.ops.quant import planes, repack, triton_kernels as tk
+from opforge.ops.quant.problem import prepare
+from opforge.testing import TOLERANCE, rel_error
+
+sys.path.insert(0, os.path.dirname(__file__))
+from int4_candidate import copies_for, graph_us, oracle, write_json  # noqa: E402
+
+SHAPES = [(3072, 2048, "1B qkv"), (2048, 2048, "1B o"), (2048, 8192, "1B down"),
+          (6144, 4096, "8B qkv"), (4096, 4096, "8B o"), (4096, 14336, "8B down")]
+#: the planes GEMV: (BLOCK_N rows, BLOCK_K codes) at 4, 8 and 16 KB per step; warps; stages; programs per SM
+GEMV_TILES = [(bn, bk) for bn, bk in ((8, 1024), (4, 2048), (16, 1024), (8, 2048), (4, 4096), (32, 1024), (16, 2048),
+                                      (8, 4096))]
+GEMV_FORMS = [(bn, bk, w, s, pps) for bn, bk in GEMV_TILES for w in (4, 8) for s in (1, 2) for pps in (2, 4)]
+#: the one-row planes kernel: (BLOCK_N, warps, stages, chunks per step) x programs per SM
+MMA_TILES = [(64, 4, 4, 1), (64, 2, 3, 2), (32, 2, 3, 2), (128, 4, 4, 1)]
+MMA_FORMS = [(bn, w, s, ch, pps) for bn, w, s, ch in MMA_TILES for pps in (2, 4, 8, 16)]
+
+
+def forms(calls: list, k: int) -> dict[str, Callable[[Any], torch.Tensor]]:
+    out: dict[str, Callable[[Any], torch.Tensor]] = {}
+    for bn, bk, w, s, pps in GEMV_FORMS:
+        if k % bk == 0:
+            out[f"gemv {bn}x{bk} w{w} s{s} pps{pps}"] = \
+                lambda c, cfg=(1, bn, bk, False, w, s), pps=pps: tk.launch_config(c, cfg, pps)
+    for bn, w, s, ch, pps in MMA_FORMS:
+        out[f"mma {bn} w{w} s{s} c{ch} pps{pps}"] = \
+            lambda c, cfg=(16, bn, w, s, pps, ch, False, True, False): planes.launch_planes(c, cfg)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
+    args = parser.parse_args()
+    smoke = args.cpu_smoke or not torch.cuda.is_available()
+    device = "cpu" if smoke else "cuda"
+    rows: list = []
+    errors: list = []
+    with opforge.backend("triton") if smoke else contextlib.nullcontext():   # the CPU runs the torch path by default
+        for n, k, label in [(64, 4096, "smoke")] if smoke else SHAPES:
+            g = torch.Generator(device=device).manual_seed(n + k)
+            w = torch.randn((n, k), generator=g, device=device) * 0.02
+            ws = [repack(opforge.quantize_weight(w + 1e-3 * i, 4, 128), "planes")
+                  for i in range(copies_for(n * k // 2, smoke))]
+            x = torch.randn((1, k), generator=g, device=device).to(torch.bfloat16)
+            want = oracle(x, ws[0])
+            calls = [prepare(x, wq, None) for wq in ws]
+            us: dict[str, float] = {}
+            candidates = {"default": lambda c: opforge.linear(c.x, c.w), **forms(calls, k)}
+            if smoke:
+                candidates = dict(list(candidates.items())[:3]) | dict(list(candidates.items())[-2:])
+            for name, fn in candidates.items():
+                try:
+                    err = rel_error(fn(calls[0]), want)
+                except Exception as exc:   # a form that does not compile is a result
+                    errors.append(f"{label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                if err >= TOLERANCE[torch.bfloat16]:
+                    errors.append(f"{label} {name}: rel err {err:.3g}")
+                    continue
+                if not smoke:
+                    us[name] = graph_us([lambda c=c: fn(c) for c in calls])
+            best = sorted(us.items(), key=lambda kv: kv[1])[:8]
+            rows.append({"shape": label, "n": n, "k": k, "us": us})
+            print(label, "default", round(us.get("default", 0.0), 2), "best", [(a, round(b, 2)) for a, b in best],
+                  flush=True)
+            del ws, calls
+            if not smoke:
+                torch.cuda.empty_cache()
+    write_json({"device": "cpu smoke" if smoke else torch.cuda.get_device_name(), "rows": rows, "errors": errors},
+               "one_row_sweep.json", args.out)
+    print("errors:", errors or "none")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
