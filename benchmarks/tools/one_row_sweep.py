@@ -9,6 +9,9 @@ loaded at once; the GEMV's wide-K tiles were swept on the rows layout of the 1B 
 1. Check each form against ``x.double() @ w.dequantize(float64).T`` (bf16 tolerance); a form
    that fails or does not compile is reported, not timed.
 2. Time: a CUDA graph of L calls over L weights (>= 160 MB, L2-cold), time per call.
+3. ``--cli ARGS``: run ``opforge ARGS`` (e.g. ``bench --suite model ...``) with one row on weights
+   of 16M-48M elements with K >= 4096 back on the tile of 2-8 rows (the choice before the wide
+   one-row tile), for the same suite at HEAD beside it.
 
     PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py                 # H100: about 3 minutes
     PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py --cpu-smoke     # the logic, interpreter
@@ -27,7 +30,7 @@ if "--cpu-smoke" in sys.argv:
 import torch
 
 import opforge
-from opforge.ops.quant import planes, repack, triton_kernels as tk
+from opforge.ops.quant import planes, planes_tiles, repack, triton_kernels as tk
 from opforge.ops.quant.problem import prepare
 from opforge.testing import TOLERANCE, rel_error
 
@@ -57,11 +60,27 @@ def forms(calls: list, k: int) -> dict[str, Callable[[Any], torch.Tensor]]:
     return out
 
 
+def _before_wide_one_row() -> None:
+    """``planes_config`` as it was before the wide one-row tile, in the module that launches with it."""
+    rule = planes_tiles.planes_config
+
+    def config(p: Any) -> tuple:
+        if p.m == 1 and p.k >= planes_tiles.PLANES_WIDE_MIN_K and p.n * p.k < planes_tiles.PLANES_LARGE_MIN_NK:
+            return (16,) + planes_tiles.PLANES_TILE_FEW_ROWS
+        return rule(p)
+    planes.planes_config = config
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
+    parser.add_argument("--cli", nargs=argparse.REMAINDER, help="run `opforge ...` with the choice before the wide one-row tile")
     args = parser.parse_args()
+    if args.cli:
+        from opforge.cli import main as cli_main
+        _before_wide_one_row()
+        return cli_main(args.cli)
     smoke = args.cpu_smoke or not torch.cuda.is_available()
     device = "cpu" if smoke else "cuda"
     rows: list = []

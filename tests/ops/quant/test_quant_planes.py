@@ -222,7 +222,8 @@ def test_one_k128_dot_per_chunk_and_the_folded_scale(group_size, symmetric, dtyp
 
 def test_the_rules_pick_the_k128_dot_and_fold_on_two_tiles():
     """K = 128 dots from 1 row (not on the middle weights from 65 rows), the fold only on the
-    large and two-32-row tiles from 33 rows; one row takes the tiles of 2-8 rows."""
+    large and two-32-row tiles from 33 rows; one row takes the tiles of 2-8 rows, except with
+    K >= 4096 under 48M elements (one warpgroup on 128 features)."""
     def tiles(m, n, k):
         return pt.planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
     shapes = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (6144, 4096), (28672, 4096), (4096, 14336)]
@@ -233,7 +234,10 @@ def test_the_rules_pick_the_k128_dot_and_fold_on_two_tiles():
             assert config[7] != per_plane, (m, n, k)
             folded = config[1:] in (pt.PLANES_TILE_LARGE, pt.PLANES_TILE_WIDE_FOLDED)
             assert config[8] == folded and (not folded or m > 32), (m, n, k)
-    assert all(tiles(1, n, k) == tiles(2, n, k) for n, k in shapes)
+    wide = {(n, k) for n, k in shapes if k >= pt.PLANES_WIDE_MIN_K and n * k < pt.PLANES_LARGE_MIN_NK}
+    assert wide == {(6144, 4096), (2048, 8192)}
+    assert all(tiles(1, n, k) == tiles(2, n, k) for n, k in shapes if (n, k) not in wide)
+    assert all(tiles(1, n, k) == (16,) + pt.PLANES_TILE_ONE_ROW_WIDE for n, k in wide)
     assert tiles(128, 4096, 4096)[1:] == pt.PLANES_TILE_WIDE_PER_PLANE
 
 

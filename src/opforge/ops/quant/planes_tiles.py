@@ -33,6 +33,11 @@ Measured (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``benchmarks/too
   gate_up 10.5 -> 9.7, 8B down 17.2 -> 16.4 us), was slower in the ``quant_batch`` suite (11.0
   -> 12.0, 17.7 -> 18.6) and in the models (1B int4 at batch 8 8,590 -> 8,115 tokens/s):
   dropped (``results/h100/2026-11-28-b338125``).
+  One row with K >= 4096 under 48M elements (8B qkv and o, 1B down): one warpgroup on 128
+  features, K splits for 2 programs per SM (``one_row_sweep.py``,
+  ``results/h100/2026-11-28-6488db1/one_row_sweep.json``: 8B qkv 10.3 -> 8.7 us, 8B o 6.9 -> 6.6,
+  1B down 7.1 -> 7.0; the planes GEMV's tiles, 4-16 KB steps, 4-8 warps, were slower on all six
+  weights swept).
 * 9-16 rows: the output heads (from 128M elements) two warps with the K = 128 dot (1B head 65.9
   -> 64.2, 8B head 128.5 -> 124.2; four warps 69.5 and 139.7); K >= 4096 up to 32M elements one
   warpgroup on 128 features with the K = 128 dot (8B qkv 11.2 -> 9.7, 8B o 8.4 -> 7.9, 1B down
@@ -75,6 +80,10 @@ PLANES_TILE_FOUR_WARPS = (64, 4, 4, 4, 1, False, True, False)
 PLANES_TILE_FOUR_WARPS_UNSPLIT = (64, 4, 4, 1, 1, False, True, False)
 #: 9-16 rows with K >= ``PLANES_WIDE_MIN_K`` up to ``PLANES_WIDE_MAX_NK``: one warpgroup on 128 features
 PLANES_TILE_WIDE = (128, 4, 4, 4, 1, False, True, False)
+#: one row with K >= ``PLANES_WIDE_MIN_K`` under ``PLANES_LARGE_MIN_NK``: the same, K splits for 2
+#: programs per SM (``results/h100/2026-11-28-6488db1/one_row_sweep.json``, us: 8B qkv 10.3 -> 8.7,
+#: 8B o 6.9 -> 6.6, 1B down 7.1 -> 7.0)
+PLANES_TILE_ONE_ROW_WIDE = (128, 4, 4, 2, 1, False, True, False)
 #: 33+ rows up to ``PLANES_MIDDLE_MAX_NK``: two 32-row tiles of one warpgroup on 128 features, scale folded
 PLANES_TILE_WIDE_FOLDED = (128, 4, 4, 4, 1, False, True, True)
 #: 65+ rows up to ``PLANES_MIDDLE_MAX_NK``: the same 32-row tiles, a dot per plane, the scale unfolded
@@ -117,6 +126,8 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
         ...     return planes_config(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
         >>> tiles(1, 28672, 4096) == tiles(8, 28672, 4096)
         True
+        >>> tiles(1, 4096, 4096), tiles(1, 16384, 2048)
+        ((16, 128, 4, 4, 2, 1, False, True, False), (16, 64, 4, 4, 2, 1, False, True, False))
         >>> tiles(4, 4096, 4096), tiles(4, 28672, 4096)
         ((16, 64, 4, 4, 2, 1, False, True, False), (16, 64, 2, 3, 4, 2, False, True, False))
         >>> tiles(16, 128256, 4096), tiles(16, 4096, 4096), tiles(16, 28672, 4096)
@@ -129,6 +140,8 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
         (32, 128, 4, 4, 4, 1, False, False, False)
     """
     nk = p.n * p.k
+    if p.m == 1 and p.k >= PLANES_WIDE_MIN_K and nk < PLANES_LARGE_MIN_NK:
+        return (16,) + PLANES_TILE_ONE_ROW_WIDE
     if p.m <= 8:
         return (16,) + (PLANES_TILE_TWO_WARPS if nk >= PLANES_LARGE_MIN_NK else PLANES_TILE_FEW_ROWS)
     if p.m <= 16:
