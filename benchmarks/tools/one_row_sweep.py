@@ -13,7 +13,7 @@ loaded at once; the GEMV's wide-K tiles were swept on the rows layout of the 1B 
    of 16M-48M elements with K >= 4096 back on the tile of 2-8 rows (the choice before the wide
    one-row tile), for the same suite at HEAD beside it.
 
-    PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py                 # H100: about 3 minutes
+    PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py                 # H100: about a minute
     PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py --cpu-smoke     # the logic, interpreter
 """
 from __future__ import annotations

@@ -36,8 +36,8 @@ Measured (H100, CUDA graphs over L2-cold weights, bf16 x, g128, ``benchmarks/too
   One row with K >= 4096 under 48M elements (8B qkv and o, 1B down): one warpgroup on 128
   features, K splits for 2 programs per SM (``one_row_sweep.py``,
   ``results/h100/2026-11-28-6488db1/one_row_sweep.json``: 8B qkv 10.3 -> 8.7 us, 8B o 6.9 -> 6.6,
-  1B down 7.1 -> 7.0; the planes GEMV's tiles, 4-16 KB steps, 4-8 warps, were slower on all six
-  weights swept).
+  1B down 7.1 -> 7.0; no tile of the planes GEMV, 4-16 KB steps, 4-8 warps, beat the planes
+  kernel on any of the six weights swept).
 * 9-16 rows: the output heads (from 128M elements) two warps with the K = 128 dot (1B head 65.9
   -> 64.2, 8B head 128.5 -> 124.2; four warps 69.5 and 139.7); K >= 4096 up to 32M elements one
   warpgroup on 128 features with the K = 128 dot (8B qkv 11.2 -> 9.7, 8B o 8.4 -> 7.9, 1B down
