@@ -15,7 +15,6 @@ loop over the splits (the form it replaced, kept here for the comparison), insid
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -36,7 +35,7 @@ from opforge.runtime.triton.launch import TritonLauncher
 from opforge.testing import TOLERANCE, rel_error
 
 sys.path.insert(0, os.path.dirname(__file__))
-from int4_candidate import SHAPES_1B, SHAPES_8B, copies_for, graph_us, oracle, write_json  # noqa: E402
+from int4_candidate import SHAPES_1B, SHAPES_8B, copies_for, graph_us, oracle, probe_parser, write_json  # noqa: E402
 
 ROWS = (1, 2, 8, 16, 32, 64)
 
@@ -114,11 +113,7 @@ def shape_rows(n: int, k: int, label: str, rows: tuple, device: str, smoke: bool
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
-    parser.add_argument("--cli", nargs=argparse.REMAINDER, help="run `opforge ...` with the looped combine")
-    args = parser.parse_args()
+    args = probe_parser("the looped combine").parse_args()
     if args.cli:
         from opforge.cli import main as cli_main
         with combine_form(looped=True):

@@ -65,6 +65,26 @@ def write_json(obj: Any, name: str, out_dir: Optional[str] = None) -> None:
         json.dump(obj, f, indent=1)
 
 
+def form_error(fn: Callable[[], torch.Tensor], want: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> Optional[str]:
+    """Why a candidate form is not timed: its exception, or its error against the float64 ``want``
+    at or over ``dtype``'s tolerance; None when it passes."""
+    try:
+        err = rel_error(fn(), want)
+    except Exception as exc:   # a form that fails to compile or run is a result, not the end of the run
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return None if err < TOLERANCE[dtype] else f"rel err {err:.3g}"
+
+
+def probe_parser(cli_help: str) -> argparse.ArgumentParser:
+    """The probe tools' common options: ``--cpu-smoke``, ``--out`` and ``--cli ARGS`` (an opforge
+    command run with the tool's earlier form in place, ``cli_help`` naming it)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
+    parser.add_argument("--cli", nargs=argparse.REMAINDER, help=f"run `opforge ...` with {cli_help}")
+    return parser
+
+
 def graph_us(fns: list[Callable[[], Any]], replays: int = 20) -> float:
     """GPU time per launch of a CUDA graph that runs every fn once (after warm-up outside it)."""
     stream = torch.cuda.Stream()

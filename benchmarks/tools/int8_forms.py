@@ -17,10 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from int4_candidate import SHAPES_1B, SHAPES_8B, copies_for, graph_us, oracle, write_json
+from int4_candidate import SHAPES_1B, SHAPES_8B, copies_for, form_error, graph_us, oracle, write_json
 from opforge.ops.quant import triton_kernels as tk
 from opforge.ops.quant.problem import prepare
-from opforge.testing import TOLERANCE, rel_error
 
 #: name -> (BLOCK_M, BLOCK_N, BLOCK_K, dot, warps, stages) of the swapped dot kernel, and its rows
 FORMS = {
@@ -56,13 +55,9 @@ def main() -> int:
             for name, (cfg, ms) in FORMS.items():
                 if m not in ms:
                     continue
-                try:
-                    err = rel_error(tk.launch_config(calls[0], cfg, swap=True), want)
-                except Exception as exc:   # a form that fails to compile is a result
-                    errors.append(f"{label} M={m} {name}: {type(exc).__name__}: {str(exc)[:200]}")
-                    continue
-                if err >= TOLERANCE[torch.bfloat16]:
-                    errors.append(f"{label} M={m} {name}: rel err {err:.3g}")
+                problem = form_error(lambda cfg=cfg: tk.launch_config(calls[0], cfg, swap=True), want)
+                if problem:
+                    errors.append(f"{label} M={m} {name}: {problem}")
                     continue
                 timed[name] = [lambda c=c, cfg=cfg: tk.launch_config(c, cfg, swap=True) for c in calls]
             row = {"shape": label, "n": n, "k": k, "m": m, "us": {}}

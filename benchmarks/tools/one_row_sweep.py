@@ -18,7 +18,6 @@ loaded at once; the GEMV's wide-K tiles were swept on the rows layout of the 1B 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -32,10 +31,9 @@ import torch
 import opforge
 from opforge.ops.quant import planes, planes_tiles, repack, triton_kernels as tk
 from opforge.ops.quant.problem import prepare
-from opforge.testing import TOLERANCE, rel_error
 
 sys.path.insert(0, os.path.dirname(__file__))
-from int4_candidate import copies_for, graph_us, oracle, write_json  # noqa: E402
+from int4_candidate import copies_for, form_error, graph_us, oracle, probe_parser, write_json  # noqa: E402
 
 SHAPES = [(3072, 2048, "1B qkv"), (2048, 2048, "1B o"), (2048, 8192, "1B down"),
           (6144, 4096, "8B qkv"), (4096, 4096, "8B o"), (4096, 14336, "8B down")]
@@ -72,11 +70,7 @@ def _before_wide_one_row() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--out", default=os.environ.get("OUT", "./gpu-out"))
-    parser.add_argument("--cli", nargs=argparse.REMAINDER, help="run `opforge ...` with the choice before the wide one-row tile")
-    args = parser.parse_args()
+    args = probe_parser("the choice before the wide one-row tile").parse_args()
     if args.cli:
         from opforge.cli import main as cli_main
         _before_wide_one_row()
@@ -99,13 +93,9 @@ def main() -> int:
             if smoke:
                 candidates = dict(list(candidates.items())[:3]) | dict(list(candidates.items())[-2:])
             for name, fn in candidates.items():
-                try:
-                    err = rel_error(fn(calls[0]), want)
-                except Exception as exc:   # a form that does not compile is a result
-                    errors.append(f"{label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
-                    continue
-                if err >= TOLERANCE[torch.bfloat16]:
-                    errors.append(f"{label} {name}: rel err {err:.3g}")
+                problem = form_error(lambda: fn(calls[0]), want)
+                if problem:
+                    errors.append(f"{label} {name}: {problem}")
                     continue
                 if not smoke:
                     us[name] = graph_us([lambda c=c: fn(c) for c in calls])
