@@ -11,7 +11,7 @@ import triton.language as tl
 
 from ...runtime import alloc
 from ...runtime.triton import pdl
-from ...runtime.triton.launch import TritonLauncher
+from ...runtime.triton.launch import TritonLauncher, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -89,26 +89,28 @@ def _combine_kernel(ws_ptr, b_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, SPLIT_P2
 _combine = TritonLauncher(_combine_kernel)
 
 
-def combine_tile(split: int) -> tuple[int, int]:
-    """(elements per program, warps) of the combine kernel for ``split`` partials: 4 consecutive
+def combine_tile(split_p2: int) -> tuple[int, int]:
+    """(elements per program, warps) of the combine kernel for ``split_p2`` partials (a power of
+    two: the splits' count rounded up, as the kernel loads them): 4 consecutive
     elements per thread (one 16-byte load per split), the warps' threads side by side along them,
     so each thread holds all of its elements' splits (4 warps up to 8 splits, 2 up to 16, then 1:
     at most 128 partial values per thread).
 
     Example:
-        >>> [combine_tile(s) for s in (2, 8, 9, 16, 32)]
-        [(512, 4), (512, 4), (256, 2), (256, 2), (128, 1)]
+        >>> [combine_tile(s) for s in (2, 8, 16, 32)]
+        [(512, 4), (512, 4), (256, 2), (128, 1)]
     """
-    warps = max(1, 32 // max(8, triton.next_power_of_2(split)))
+    warps = max(1, 32 // max(8, split_p2))
     return 128 * warps, warps
 
 
 def launch_combine(ws, bias, out, split: int, has_bias: bool, dependent: bool) -> None:
     """Add ``split`` float32 partials (split, M, N) into ``out`` (M, N), with ``bias`` if ``has_bias``."""
     mn = out.numel()
-    block, warps = combine_tile(split)
-    _combine((triton.cdiv(mn, block),), (ws, bias, out, mn, out.shape[-1], split, triton.next_power_of_2(split),
-                                         has_bias, block, dependent), num_warps=warps)
+    split_p2 = next_power_of_2(split)    # opforge's host-side helpers: triton's cost ~2 us per call
+    block, warps = combine_tile(split_p2)
+    _combine((cdiv(mn, block),), (ws, bias, out, mn, out.shape[-1], split, split_p2, has_bias, block, dependent),
+             num_warps=warps)
 
 
 _counters = alloc.tile_counters   # per device and stream, left at zero by every launch
