@@ -1,8 +1,10 @@
-"""Where a 1B decode step's microseconds go: the step's CUDA graph timed whole, then with one kind
-of kernel left out at a time (its call returns an input instead of launching), at a batch size
-(default 1), context 512. A difference is the most a fusion that removes those launches can save;
-it is timing only (the ablated steps compute nothing useful and are not checked). ``--profile``
-adds each kernel's GPU time per step.
+"""Where a decode step's microseconds go (1B shape, or ``--model 8b``): the step's CUDA graph timed
+whole, then with one kind of kernel left out at a time (its call returns an input instead of
+launching), at a batch size (default 1), context 512. A difference is the most a fusion that
+removes those launches can save; it is timing only (the ablated steps compute nothing useful and
+are not checked). ``--profile`` adds each kernel name's GPU time per step, and each launch of a
+step in order (the median over the profiled steps), which tells apart the projections one kernel
+name serves.
 
 Kinds: the norms (``rms_norm``, ``add_rms_norm``), ``swiglu``, the rotary + KV-cache append, decode
 attention (split + merge), every ``linear`` (the GEMVs: what is left is everything else), the
@@ -11,11 +13,13 @@ GEMVs. Precisions: bf16 and int4 with the head quantized (planes, rows).
 
     PYTHONPATH=src python benchmarks/tools/decode_step_ablation.py    # JSON in $OUT/decode_step_ablation.json
     PYTHONPATH=src python benchmarks/tools/decode_step_ablation.py --batch 32 --precisions bf16,planes
+    PYTHONPATH=src python benchmarks/tools/decode_step_ablation.py --model 8b --precisions planes --profile
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 
@@ -26,13 +30,14 @@ from int4_candidate import graph_us, write_json  # noqa: E402
 
 from opforge import api as opforge   # the module the decoder calls through  # noqa: E402
 from opforge.models import load  # noqa: E402
-from opforge.models.testing import LLAMA_1B, write_random_checkpoint  # noqa: E402
+from opforge.models.testing import LLAMA_1B, LLAMA_8B, write_random_checkpoint  # noqa: E402
 
 CONTEXT = 512
 NON_GEMV = ("norms", "swiglu", "rotary_append", "attention")
+MODELS = {"1b": LLAMA_1B, "8b": LLAMA_8B}
 
 
-def _patches(kind: str, zeros: dict) -> dict:
+def _patches(kind: str, zeros: dict, config: dict = LLAMA_1B) -> dict:
     real_linear = opforge.linear
 
     def left_out(w) -> bool:
@@ -41,9 +46,9 @@ def _patches(kind: str, zeros: dict) -> dict:
         twice hidden rows: q|k|v and o)."""
         n, k = w.shape   # a QuantizedWeight's shape is the logical (N, K) too
         if kind == "head":
-            return n == LLAMA_1B["vocab_size"]
+            return n == config["vocab_size"]
         if kind == "qkv_o":
-            return n <= 2 * LLAMA_1B["hidden_size"] and n != LLAMA_1B["vocab_size"] and k == LLAMA_1B["hidden_size"]
+            return n <= 2 * config["hidden_size"] and n != config["vocab_size"] and k == config["hidden_size"]
         return True
 
     def no_linear(x, w, bias=None, activation=None):
@@ -66,12 +71,13 @@ def _patches(kind: str, zeros: dict) -> dict:
     return table.get(kind, {})
 
 
-def step_us(model, kind: str, batch: int = 1, replays: int = 50) -> float:
+def step_us(model, kind: str, batch: int = 1, replays: int = 50, config: dict = LLAMA_1B) -> float:
     """GPU time of one decode step (``batch`` rows, its cache as filled) with ``kind`` left out: the
     patches are in place while the step is warmed up and captured, then restored."""
     zeros: dict = {}
-    saved = {name: getattr(opforge, name) for name in _patches(kind, zeros)}
-    for name, fn in _patches(kind, zeros).items():
+    patches = _patches(kind, zeros, config)
+    saved = {name: getattr(opforge, name) for name in patches}
+    for name, fn in patches.items():
         setattr(opforge, name, fn)
     tokens = torch.zeros((batch,), dtype=torch.long, device="cuda")
     try:
@@ -81,9 +87,9 @@ def step_us(model, kind: str, batch: int = 1, replays: int = 50) -> float:
             setattr(opforge, name, fn)
 
 
-def kernel_table(model, batch: int, steps: int = 20) -> list[dict]:
+def kernel_table(model, batch: int, steps: int = 20) -> tuple[list[dict], list[dict]]:
     """GPU time per step of each kernel name in the full step (torch.profiler over eager steps,
-    whose kernels are the graph's), the most expensive first."""
+    whose kernels are the graph's), the most expensive first; and ``launch_sequence``."""
     tokens = torch.zeros((batch,), dtype=torch.long, device="cuda")
     step = lambda: model.decode_step(tokens, model.cache_seqlens[:batch], float_logits=False)  # noqa: E731
     for _ in range(3):
@@ -95,7 +101,24 @@ def kernel_table(model, batch: int, steps: int = 20) -> list[dict]:
         torch.cuda.synchronize()
     rows = [{"kernel": e.key[:90], "us_per_step": e.device_time_total / steps, "calls_per_step": e.count / steps}
             for e in prof.key_averages() if e.device_time_total > 0]
-    return sorted(rows, key=lambda r: -r["us_per_step"])
+    return sorted(rows, key=lambda r: -r["us_per_step"]), launch_sequence(prof, steps)
+
+
+def launch_sequence(prof, steps: int) -> list[dict]:
+    """Each launch of one step in order, with its median GPU time over the ``steps`` profiled
+    steps (empty if the steps did not launch the same number of kernels)."""
+    try:
+        kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                         key=lambda e: e.time_range.start)
+    except (AttributeError, RuntimeError) as exc:   # the profiler's event API differs by version
+        print("no launch sequence:", exc, flush=True)
+        return []
+    per_step = len(kernels) // steps
+    if per_step == 0 or per_step * steps != len(kernels):
+        return []
+    return [{"kernel": kernels[i].name[:60],
+             "us": statistics.median(kernels[s * per_step + i].time_range.elapsed_us() for s in range(steps))}
+            for i in range(per_step)]
 
 
 PRECISIONS = {"bf16": ("bf16", None, None), "planes": ("int4-head planes", "int4", "planes"),
@@ -105,13 +128,15 @@ PRECISIONS = {"bf16": ("bf16", None, None), "planes": ("int4-head planes", "int4
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--model", choices=sorted(MODELS), default="1b", help="the model's shape")
     parser.add_argument("--precisions", default="bf16,planes,rows", help=f"comma-separated, of {sorted(PRECISIONS)}")
     parser.add_argument("--profile", action="store_true", help="also each kernel's GPU time per step")
     args = parser.parse_args()
-    batch = args.batch
+    batch, config = args.batch, MODELS[args.model]
     directory = tempfile.mkdtemp(prefix="opforge-ablation-")
-    write_random_checkpoint(LLAMA_1B, directory, "cuda")
-    result = {"device": torch.cuda.get_device_name(), "context": CONTEXT, "batch": batch, "rows": []}
+    write_random_checkpoint(config, directory, "cuda")
+    result = {"device": torch.cuda.get_device_name(), "model": args.model, "context": CONTEXT, "batch": batch,
+              "rows": []}
     kinds = ["full", "norms", "swiglu", "rotary_append", "attention", "linear", "head", "qkv_o", "non_gemv"]
     for precision, quantize, layout in (PRECISIONS[name] for name in args.precisions.split(",")):
         model = load(directory, device="cuda", dtype=torch.bfloat16, quantize=quantize, quantize_head=bool(quantize),
@@ -120,18 +145,21 @@ def main() -> int:
         model.prefill(ids, torch.tensor([CONTEXT] * batch))
         row = {"precision": precision}
         for kind in kinds:
-            row[kind] = step_us(model, kind, batch)
+            row[kind] = step_us(model, kind, batch, config=config)
         full = row["full"]
         row["saved_us"] = {k: round(full - row[k], 1) for k in kinds[1:]}
         print(precision, {k: round(row[k], 1) for k in kinds}, "saved", row["saved_us"], flush=True)
         if args.profile:
-            row["kernels"] = kernel_table(model, batch)
+            row["kernels"], row["launches"] = kernel_table(model, batch)
             for r in row["kernels"][:25]:
                 print(f"  {r['us_per_step']:8.1f} us  x{r['calls_per_step']:5.1f}  {r['kernel']}", flush=True)
+            for r in row["launches"][:40]:   # the embedding, the first layers
+                print(f"  {r['us']:8.2f} us  {r['kernel']}", flush=True)
         result["rows"].append(row)
         del model
         torch.cuda.empty_cache()
-    write_json(result, "decode_step_ablation.json" if batch == 1 else f"decode_step_ablation_b{batch}.json")
+    name = "decode_step_ablation" + ("" if args.model == "1b" else f"_{args.model}") + ("" if batch == 1 else f"_b{batch}")
+    write_json(result, name + ".json")
     return 0
 
 
