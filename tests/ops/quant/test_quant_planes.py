@@ -339,3 +339,61 @@ def test_preferred_layout_is_planes_for_int4_on_cuda_where_it_fits():
                                             torch.full((4, 1), 7.5).half(), 4, 128)
     for other in (opforge.quantize_weight(w, 4, 32), opforge.quantize_weight(w, 8, 128), fp32_scales, half_zeros):
         assert opforge.preferred_layout(other, "cuda") == "rows"
+
+
+_PREFETCH_PTX = r"""
+import json, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from opforge.ops.quant.planes import _planes_kernel as kernel
+pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*bf16", "out_ptr": "*bf16",
+            "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+out = {}
+for pf in (0, 4):
+    consts = {"GROUP": 128, "PER_ROW": False, "HAS_BIAS": False, "PARTIAL": False, "FIXUP": False, "F32_DOT": False,
+              "CODE_MODE": 1, "BLOCK_M": 16, "BLOCK_N": 64, "ASM": True, "PDL": True, "CHUNKS": 2,
+              "SCALE_AHEAD": False, "K128": True, "FOLD": False, "PF_LINES": pf}
+    sig = {a: pointers.get(a, "constexpr" if a in consts else "i32") for a in kernel.arg_names}
+    ptx = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 2, "num_stages": 3}).asm["ptx"]
+    body = ptx[ptx.index(".entry"):]
+    out[pf] = [body.count("prefetch.global.L2"), body.find("prefetch.global.L2"), body.find("griddepcontrol.wait")]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="offline sm_90 compile check, for machines without a GPU")
+def test_the_planes_kernel_prefetches_weight_lines_before_its_pdl_wait():
+    """Compiled for sm_90 (Triton's real compiler, no GPU): with PF_LINES the kernel asks L2 for
+    its rows' first lines (64 rows x 4 lines over 64 threads: 4 prefetches each) before
+    ``griddepcontrol.wait``; without, none."""
+    import json
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("triton.language.extra.cuda", reason="this Triton has no PDL (gdc_wait)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _PREFETCH_PTX], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["0"][0] == 0 and found["0"][2] >= 0
+    count, first_prefetch, wait = found["4"]
+    assert count == 4 and 0 <= first_prefetch < wait
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
+                    reason="programmatic dependent launch needs an sm_90+ GPU")
+@pytest.mark.parametrize("m", [1, 8])
+def test_the_l2_prefetch_changes_no_bit(m, monkeypatch):
+    """On a weight that prefetches (``PLANES_PREFETCH_MIN_NK`` elements) the result is the same
+    bits with the prefetch as without, and matches the float64 oracle."""
+    from opforge.ops.quant import config
+    n, k = pt.PLANES_PREFETCH_MIN_NK // 4096, 4096
+    qw, pw = planes_weight(n, k, device="cuda")
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    assert config.prefetch_lines(n // 64, x.device, 4, 64, k // 2) > 0
+    with_prefetch = run_planes(x, pw)
+    monkeypatch.setattr(config, "PREFETCH_BYTES", 0)
+    without = run_planes(x, pw)
+    assert torch.equal(with_prefetch, without)
+    assert rel_error(with_prefetch, oracle(x, qw)) < TOLERANCE[torch.bfloat16]

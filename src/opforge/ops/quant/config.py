@@ -185,6 +185,33 @@ def _pow2_le(v: int) -> int:
     return 1 << (v.bit_length() - 1)
 
 
+#: Weight bytes a GEMV launch with programmatic dependent launch asks L2 for before it waits on
+#: the previous kernel (``pdl.prefetch_to_l2``): the first lines of each resident program's rows.
+PREFETCH_BYTES = 8 * 2 ** 20
+
+
+def prefetch_lines(programs: int, device: torch.device, programs_per_sm: int, rows: int, row_bytes: int) -> int:
+    """128-byte lines of each of its ``rows`` weight rows (``row_bytes`` each in its K range) that a
+    program prefetches before its PDL wait: a power of two, the programs resident at once
+    (``programs_per_sm`` per SM) asking for about ``PREFETCH_BYTES`` in all; 0 for none."""
+    resident = min(programs, programs_per_sm * _sm_count(device.index if device.type == "cuda" else None))
+    return lines_within(PREFETCH_BYTES, resident * rows, row_bytes)
+
+
+def lines_within(budget: int, rows: int, row_bytes: int) -> int:
+    """The power of two of 128-byte lines per row that ``rows`` rows of ``row_bytes`` can each
+    prefetch within ``budget`` bytes (at most a row's lines), or 0.
+
+    Example:
+        >>> lines_within(8 * 2 ** 20, 448 * 64, 2048)     # 8B gate_up at one row: 448 programs of 64 rows
+        2
+        >>> lines_within(8 * 2 ** 20, 528 * 4, 4096), lines_within(2 ** 20, 2004 * 64, 2048)
+        (16, 0)
+    """
+    lines = min(cdiv(row_bytes, 128), budget // (rows * 128))
+    return 0 if lines < 1 else _pow2_le(lines)
+
+
 def _split(tiles: int, k: int, block_k: int, device: torch.device, programs_per_sm: int,
            max_split: int = MAX_SPLIT) -> tuple[int, int]:
     """(splits, K per split): split K while the tiles alone give fewer than ``programs_per_sm``

@@ -49,9 +49,10 @@ from ...runtime.backends import triton_interpreting
 from ...runtime.triton import pdl
 from ...runtime.triton.launch import TritonLauncher, cdiv
 from . import epilogue
-from .config import MAX_SPLIT, PROGRAMS_PER_SM, _split, code_mode
+from .config import MAX_SPLIT, PROGRAMS_PER_SM, _split, code_mode, prefetch_lines
 from .kernel_parts import _codes_as_float, _counters, _store, launch_combine
-from .planes_tiles import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, planes_config, planes_dequant, planes_gemv
+from .planes_tiles import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, PLANES_PREFETCH_MIN_NK, planes_config, planes_dequant, \
+    planes_gemv
 from .problem import LinearCall, LinearProblem
 from .weight import PLANE_CHUNK
 
@@ -174,14 +175,15 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
                    PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1,
-                   SCALE_AHEAD: tl.constexpr = False, K128: tl.constexpr = False, FOLD: tl.constexpr = False):
+                   SCALE_AHEAD: tl.constexpr = False, K128: tl.constexpr = False, FOLD: tl.constexpr = False,
+                   PF_LINES: tl.constexpr = 0):
     """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
     one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
     columns 16i .. 16i+15 against the matching (BLOCK_M, 16) slice of x. Each group's MMA sum
     (float32) is multiplied by its scales and added to the accumulator. Each loop step takes
     CHUNKS chunks (it divides the split's chunks); SCALE_AHEAD (one group per chunk) loads the
-    next chunk's scales a step early."""
-    pdl.wait_for_previous(PDL)
+    next chunk's scales a step early. PF_LINES: with PDL, the first PF_LINES 128-byte lines of
+    each weight row of the split are prefetched to L2 before the wait on the previous kernel."""
     PPG: tl.constexpr = 8 if (PER_ROW or GROUP >= 128) else GROUP // 16     # planes per group
     pid = tl.program_id(0)
     pid_m = pid % m_tiles
@@ -189,6 +191,13 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
+    q_start = pid_k * chunks_per_split
+    q_end = tl.minimum(n_chunks, q_start + chunks_per_split)
+    if PF_LINES > 0:       # a line holds two 64-byte chunks of a row
+        pf_q = q_start + 2 * tl.arange(0, PF_LINES)
+        pdl.prefetch_to_l2(w_ptr + rows.to(tl.int64)[:, None] * stride_w + 16 * pf_q[None, :],
+                           n_mask[:, None] & (pf_q < q_end)[None, :], PDL)
+    pdl.wait_for_previous(PDL)
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = ms < M
     c16 = tl.arange(0, 16)
@@ -197,8 +206,6 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
         x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
     else:
         x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + c16[None, :]
-    q_start = pid_k * chunks_per_split
-    q_end = tl.minimum(n_chunks, q_start + chunks_per_split)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     AHEAD: tl.constexpr = SCALE_AHEAD and PPG == 8
     if AHEAD:
@@ -271,10 +278,12 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     interpreting = triton_interpreting()
     asm = not interpreting if asm is None else asm and not interpreting
     kernel = _planes_one_row if p.m == 1 else _planes
+    pf_lines = prefetch_lines(n_tiles * split, x.device, pps, block_n, k_per_split // 2) \
+        if dependent and p.n * p.k >= PLANES_PREFETCH_MIN_NK else 0
     kernel((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
                             w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
                             w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
-                            asm, dependent, chunks, scale_ahead, k128, fold),
+                            asm, dependent, chunks, scale_ahead, k128, fold, pf_lines),
            num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         launch_combine(ws, bias, out, split, has_bias, dependent)

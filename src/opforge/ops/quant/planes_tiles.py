@@ -111,6 +111,12 @@ PLANES_GEMV_MAX_M = 1
 #: gate_up 38.0 -> 34.4, down 22.3 -> 17.2, 8B o 8.3 both; the 1B head 59.4). Below it (1B qkv
 #: 5.6 both, 1B o 4.2 vs 4.7) the GEMV stays.
 PLANES_MMA_MIN_NK = 16 * 2 ** 20
+#: Weights from this many elements (8B gate_up and down, the output heads) prefetch the first lines
+#: of each program's rows to L2 before the PDL wait (``config.PREFETCH_BYTES``). A graph of
+#: rms_norm -> linear pairs (``prefetch_probe.py``, H100, us with / without, 1 and 8 rows): 8B
+#: gate_up 29.5 / 31.5, down 18.5 / 19.2; smaller weights lost (8B qkv 10.7 / 10.3, o 9.5 / 8.6),
+#: and with every weight prefetching the 1B int4 model lost 2-4% at batch 1-32.
+PLANES_PREFETCH_MIN_NK = PLANES_LARGE_MIN_NK
 #: Weights of at most ``PLANES_SMALL_MAX_NK`` elements run dequant+cuBLAS from this many rows
 #: (unmeasured for 16-row tiles beyond 64 rows), as every weight from ``problem.DEQUANT_GEMM_MIN_M`` rows.
 PLANES_DEQUANT_SMALL_MIN_M = 65

@@ -46,9 +46,27 @@ if HAVE_GDC:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
+
+    @triton.jit
+    def prefetch_to_l2(ptrs, mask, PDL: tl.constexpr):
+        """With PDL: ask L2 for the 128-byte lines that hold ``ptrs`` (where ``mask``), a hint with
+        no result. Before ``wait_for_previous`` it overlaps a kernel's first DRAM reads with the
+        previous kernel's tail, for data that kernel cannot have changed (a layer's weights): L2
+        is where global memory is coherent, so a line fetched early is still updated by any write
+        in flight, and the loads after the wait read it as written."""
+        if PDL:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                "=r,l,r", [ptrs.to(tl.int64, bitcast=False), mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=1)
 else:
     @triton.jit
     def wait_for_previous(PDL: tl.constexpr):
+        """Without ``gdc_wait`` in this Triton: nothing (``on`` is always False)."""
+        pass
+
+    @triton.jit
+    def prefetch_to_l2(ptrs, mask, PDL: tl.constexpr):
         """Without ``gdc_wait`` in this Triton: nothing (``on`` is always False)."""
         pass
 
