@@ -30,6 +30,10 @@ What this variant changes, each checked in the sm_90 TTGIR/PTX (``int4_candidate
 * Scale and zero in one int32 word per group and row (``weight.group_words``, same 4 bytes as
   the two 16-bit values), a 2-D tile that the software pipeline copies ahead with the codes.
 
+With programmatic dependent launch, a program on a weight of ``PLANES_PREFETCH_MIN_NK``+ elements
+first asks L2 for the first lines of its rows (``pdl.prefetch_to_l2``), then waits on the previous
+kernel: its first DRAM reads overlap that kernel's tail.
+
 Tiles (``planes_tiles.planes_config``): the weight is the MMA's first operand (out^T = W x^T);
 BLOCK_M the power of two >= M (16..64) or a smaller tile run several times; warps, stages,
 chunks per step, whether a chunk is one K = 128 dot and whether the scale is folded into the

@@ -115,7 +115,9 @@ PLANES_MMA_MIN_NK = 16 * 2 ** 20
 #: of each program's rows to L2 before the PDL wait (``config.PREFETCH_BYTES``). A graph of
 #: rms_norm -> linear pairs (``prefetch_probe.py``, H100, us with / without, 1 and 8 rows): 8B
 #: gate_up 29.5 / 31.5, down 18.5 / 19.2; smaller weights lost (8B qkv 10.7 / 10.3, o 9.5 / 8.6),
-#: and with every weight prefetching the 1B int4 model lost 2-4% at batch 1-32.
+#: and with every weight prefetching the 1B int4 model lost 2-4% at batch 1-32. From this size
+#: only: 8B int4-head decode at batch 1 369.7 -> 382.7 tokens/s, the 1B within 3%
+#: (``results/h100/2026-11-28-31c2149``).
 PLANES_PREFETCH_MIN_NK = PLANES_LARGE_MIN_NK
 #: Weights of at most ``PLANES_SMALL_MAX_NK`` elements run dequant+cuBLAS from this many rows
 #: (unmeasured for 16-row tiles beyond 64 rows), as every weight from ``problem.DEQUANT_GEMM_MIN_M`` rows.

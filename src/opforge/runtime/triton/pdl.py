@@ -12,7 +12,10 @@ before its first global memory access (load or store: the wait also orders write
 predecessor's reads, which matters when the allocator reuses a buffer). ``TritonLauncher`` sees a
 ``PDL`` argument that is True and compiles and launches the kernel with ``launch_pdl=True``; the
 kernel's callers pass ``on(device)``. The wait comes first, so a kernel is exactly as ordered as
-without PDL; only the launch moves earlier.
+without PDL; only the launch moves earlier. The one thing a kernel may do before it is
+``prefetch_to_l2`` on data the previous kernel cannot write (weights): a hint that moves the first
+DRAM reads of the planes kernel on large weights into the previous kernel's tail (8B int4 decode at
+batch 1 +3.5%, ``benchmarks/results/h100/2026-11-28-31c2149``).
 
 ``OPFORGE_PDL=0`` in the environment (read once, at import) turns it off. It is also off under
 Triton's interpreter, on GPUs before sm_90, on ROCm, and where Triton lacks ``gdc_wait``.
