@@ -10,8 +10,8 @@ loaded at once; the GEMV's wide-K tiles were swept on the rows layout of the 1B 
    that fails or does not compile is reported, not timed.
 2. Time: a CUDA graph of L calls over L weights (>= 160 MB, L2-cold), time per call.
 3. ``--cli ARGS``: run ``opforge ARGS`` (e.g. ``bench --suite model ...``) with one row on weights
-   under 16M elements back on the planes GEMV (the choice before the planes kernel took every
-   one-row planes weight), for the same suite at HEAD beside it.
+   of 16M-48M elements with K >= 4096 back on the tile of 2-8 rows (the choice before the wide
+   one-row tile), for the same suite at HEAD beside it.
 
     PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py                 # H100: about a minute
     PYTHONPATH=src python3 benchmarks/tools/one_row_sweep.py --shapes "8B gate_up,8B head" --no-gemv
@@ -63,21 +63,26 @@ def forms(calls: list, k: int, gemv: bool = True) -> dict[str, Callable[[Any], t
     return out
 
 
-def _before_one_row_mma_everywhere() -> None:
-    """The choice before the planes kernel took every one-row planes weight: the planes GEMV on
-    weights under 16M elements (1B qkv and o)."""
-    planes_tiles.PLANES_MMA_MIN_NK = 16 * 2 ** 20
+def _before_wide_one_row() -> None:
+    """``planes_config`` as it was before the wide one-row tile, in the module that launches with it."""
+    rule = planes_tiles.planes_config
+
+    def config(p: Any) -> tuple:
+        if p.m == 1 and p.k >= planes_tiles.PLANES_WIDE_MIN_K and p.n * p.k < planes_tiles.PLANES_LARGE_MIN_NK:
+            return (16,) + planes_tiles.PLANES_TILE_FEW_ROWS
+        return rule(p)
+    planes.planes_config = config
 
 
 def main() -> int:
-    parser = probe_parser("the planes GEMV back on one row of weights under 16M elements")
+    parser = probe_parser("the choice before the wide one-row tile")
     parser.add_argument("--shapes", help="comma-separated labels (default: the six of SHAPES), of "
                         + ", ".join(label for _, _, label in SHAPES + MORE_SHAPES))
     parser.add_argument("--no-gemv", action="store_true", help="time the planes kernel's forms only")
     args = parser.parse_args()
     if args.cli:
         from opforge.cli import main as cli_main
-        _before_one_row_mma_everywhere()
+        _before_wide_one_row()
         return cli_main(args.cli)
     smoke = args.cpu_smoke or not torch.cuda.is_available()
     device = "cpu" if smoke else "cuda"

@@ -67,6 +67,8 @@ def main() -> int:
         config.PREFETCH_BYTES = args.bytes
         return cli_main(args.cli)
     budget = config.PREFETCH_BYTES if args.bytes is None else args.bytes
+    if budget <= 0:
+        parser.error("the probe compares a budget with none: --bytes must be > 0 without --cli")
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for n, k, label in INT4:

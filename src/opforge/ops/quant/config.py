@@ -185,8 +185,10 @@ def _pow2_le(v: int) -> int:
     return 1 << (v.bit_length() - 1)
 
 
-#: Weight bytes a GEMV launch with programmatic dependent launch asks L2 for before it waits on
-#: the previous kernel (``pdl.prefetch_to_l2``): the first lines of each resident program's rows.
+#: Weight bytes a planes-kernel launch with programmatic dependent launch asks L2 for before it
+#: waits on the previous kernel (``pdl.prefetch_to_l2``; ``planes_tiles.PLANES_PREFETCH_MIN_NK``):
+#: the first lines of each resident program's rows. 16 and 32 MB were slower on the 8B int4 model
+#: (``results/h100/2026-11-28-17c4553``).
 PREFETCH_BYTES = 8 * 2 ** 20
 
 
@@ -205,8 +207,8 @@ def lines_within(budget: int, rows: int, row_bytes: int) -> int:
     Example:
         >>> lines_within(8 * 2 ** 20, 448 * 64, 2048)     # 8B gate_up at one row: 448 programs of 64 rows
         2
-        >>> lines_within(8 * 2 ** 20, 528 * 4, 4096), lines_within(2 ** 20, 2004 * 64, 2048)
-        (16, 0)
+        >>> lines_within(8 * 2 ** 20, 528 * 64, 2048), lines_within(2 ** 20, 528 * 64, 2048)   # the 8B head
+        (1, 0)
     """
     lines = min(cdiv(row_bytes, 128), budget // (rows * 128))
     return 0 if lines < 1 else _pow2_le(lines)
