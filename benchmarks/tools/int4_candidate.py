@@ -278,7 +278,8 @@ def ptx_report() -> int:
         for x, group in [("bf16", 128), ("fp16", 128), ("bf16", 32)]:
             consts = dict(GROUP=group, PER_ROW=False, HAS_BIAS=False, PARTIAL=True, FIXUP=False, F32_DOT=False,
                           CODE_MODE=1 if x == "bf16" else 2, BLOCK_M=block_m, BLOCK_N=block_n, ASM=True, PDL=False,
-                          CHUNKS=chunks, SCALE_AHEAD=ahead, K128=k128 and group >= 128, FOLD=fold and group >= 128)
+                          CHUNKS=chunks, SCALE_AHEAD=ahead, K128=k128 and group >= 128, FOLD=fold and group >= 128,
+                          TMA=False, X_TMA=False)
             sig = {"x_ptr": "*" + x, "w_ptr": "*i32", "gw_ptr": "*i32", "b_ptr": "*" + x,
                    "out_ptr": "*" + x, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
             sig.update({a: "i32" for a in ints})

@@ -220,6 +220,51 @@ def test_one_k128_dot_per_chunk_and_the_folded_scale(group_size, symmetric, dtyp
         assert rel_error(out, want) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("m, config", [
+    (1, (16,) + pt.PLANES_TILE_TWO_WARPS), (16, (16,) + pt.PLANES_TILE_TWO_WARPS),
+    (20, (32,) + pt.PLANES_TILE_FOUR_WARPS_UNSPLIT), (24, (32,) + pt.PLANES_TILE_FOUR_WARPS),
+    (40, (64,) + pt.PLANES_TILE_LARGE), (100, (64,) + pt.PLANES_TILE_LARGE), (5, (16,) + pt.PLANES_TILE_FEW_ROWS),
+    (12, (16,) + pt.PLANES_TILE_WIDE), (30, (32,) + pt.PLANES_TILE_WIDE_PER_PLANE)])
+def test_codes_and_x_through_tensor_descriptors_give_the_pointer_forms_bits(m, config):
+    """The codes (and, with the K = 128 dot, x) read through tensor descriptors: the copy engine's
+    zeros past the last row (N = 300 is no multiple of the tiles, M no multiple of BLOCK_M) and past
+    x's rows change nothing; the same MMAs on the same values give the pointer loads' bits."""
+    qw, pw = planes_weight(300, 1024, 128, seed=m)
+    x = torch.randn(m, 1024, device=DEVICE, dtype=torch.bfloat16)
+    call = prepare(x, pw, None)
+    by_pointers = planes.launch_planes(call, config, tma=False, x_tma=False)
+    assert rel_error(by_pointers, oracle(x, qw)) < TOLERANCE[torch.bfloat16]
+    for x_tma in (False, True):
+        assert torch.equal(planes.launch_planes(call, config, tma=True, x_tma=x_tma), by_pointers), x_tma
+
+
+def test_x_with_rows_no_descriptor_can_address_is_read_by_pointers():
+    """x's rows 2 bytes off 16-byte alignment (a slice of a wider tensor): no descriptor for x, the
+    codes still through theirs, the result the pointer loads' bits."""
+    qw, pw = planes_weight(128, 512, 128, seed=5)
+    x = torch.randn(16, 520, device=DEVICE, dtype=torch.bfloat16)[:, 1:513]
+    call = prepare(x, pw, None)
+    config = (16,) + pt.PLANES_TILE_TWO_WARPS
+    assert not planes._descriptor_ok(x)
+    assert torch.equal(planes.launch_planes(call, config, tma=True, x_tma=True),
+                       planes.launch_planes(call, config, tma=False, x_tma=False))
+
+
+def test_tensor_descriptors_by_default_only_where_they_measured_faster():
+    """Off the GPU never; the rule: heads from 9 rows, 8B-gate_up-sized weights at 9-32 rows, the
+    other 48M+ weights (K split) at 17-64 rows, nothing under 48M elements or under 9 rows."""
+    def tma(m, n, k, device="cuda"):
+        return pt.planes_tma(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, device, "planes"))[0]
+    assert [m for m in (1, 8, 9, 16, 32, 64, 128, 255) if tma(m, 128256, 2048)] == [9, 16, 32, 64, 128, 255]
+    assert [m for m in (1, 8, 9, 16, 32, 33, 64) if tma(m, 28672, 4096)] == [9, 16, 32]
+    assert [m for m in (8, 16, 17, 32, 64, 65, 128) if tma(m, 4096, 14336)] == [17, 32, 64]
+    assert not any(tma(m, n, k) for m in (1, 16, 32, 64) for n, k in [(16384, 2048), (6144, 4096), (2048, 8192)])
+    problem = LinearProblem(torch.bfloat16, 16, 28672, 4096, 4, 128, False, False, DEVICE, "planes")
+    x = torch.zeros(16, 4096, device=DEVICE)
+    if DEVICE == "cpu":
+        assert planes.tma_forms(problem, x) == (False, False)
+
+
 def test_the_rules_pick_the_k128_dot_and_fold_on_two_tiles():
     """K = 128 dots from 1 row (not on the middle weights from 65 rows), the fold only on the
     large and two-32-row tiles from 33 rows; one row takes the tiles of 2-8 rows, except with
@@ -352,7 +397,8 @@ out = {}
 for pf in (0, 4):
     consts = {"GROUP": 128, "PER_ROW": False, "HAS_BIAS": False, "PARTIAL": False, "FIXUP": False, "F32_DOT": False,
               "CODE_MODE": 1, "BLOCK_M": 16, "BLOCK_N": 64, "ASM": True, "PDL": True, "CHUNKS": 2,
-              "SCALE_AHEAD": False, "K128": True, "FOLD": False, "PF_LINES": pf}
+              "SCALE_AHEAD": False, "K128": True, "FOLD": False, "PF_LINES": pf, "TMA": False,
+              "X_TMA": False}
     sig = {a: pointers.get(a, "constexpr" if a in consts else "i32") for a in kernel.arg_names}
     ptx = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 2, "num_stages": 3}).asm["ptx"]

@@ -51,8 +51,9 @@ import triton.language as tl
 from ...runtime import alloc
 from ...runtime.backends import triton_interpreting
 from ...runtime.triton import pdl
+from ...runtime.triton.arch import nvidia_sm90_or_newer
 from ...runtime.triton.launch import TritonLauncher, cdiv
-from . import epilogue
+from . import epilogue, planes_tiles
 from .config import MAX_SPLIT, PROGRAMS_PER_SM, _split, code_mode, prefetch_lines
 from .kernel_parts import _codes_as_float, _counters, _store, launch_combine
 from .planes_tiles import PLANES_GEMV_MAX_M, PLANES_MMA_MIN_NK, PLANES_PREFETCH_MIN_NK, planes_config, planes_dequant, \
@@ -126,7 +127,7 @@ def _plane_minus_zero(words, zc, i: tl.constexpr, CODE_MODE: tl.constexpr, ASM: 
 @triton.jit
 def _planes_dot(acc, s, x_rows, words, z, m_mask, q, first: tl.constexpr, count: tl.constexpr, F32_DOT: tl.constexpr,
                 CODE_MODE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                K128: tl.constexpr, FOLD: tl.constexpr):
+                K128: tl.constexpr, FOLD: tl.constexpr, X_TILE: tl.constexpr = False):
     """``acc`` plus scale ``s`` times the sum over planes ``first .. first+count-1`` of chunk ``q``
     of (code - zero) x^T (float32, (BLOCK_N, BLOCK_M)). Nibble ``i`` of ``words`` is the A operand
     of columns 16i .. 16i+15; ``z`` the (BLOCK_N, 1) int32 zeros.
@@ -134,7 +135,8 @@ def _planes_dot(acc, s, x_rows, words, z, m_mask, q, first: tl.constexpr, count:
     K128 (count == 8): the 8 planes joined into one (BLOCK_N, 128) operand of one dot, whose 8
     MMAs Triton issues before a single wait (8 dots of K = 16 wait for each); ``x_rows`` then
     points at 128 columns. FOLD (with K128): (code - zero) * s rounded to x's dtype is the
-    operand and ``acc`` the dot's accumulator, carried over the loop without waits."""
+    operand and ``acc`` the dot's accumulator, carried over the loop without waits. X_TILE (with
+    K128): ``x_rows`` is the chunk's (BLOCK_M, 128) tile of x itself, already loaded."""
     mode: tl.constexpr = 0 if F32_DOT else CODE_MODE
     if F32_DOT:       # the interpreter (its bf16 dot is wrong): float32 codes minus the zero
         zc = z.to(tl.float32)
@@ -154,7 +156,10 @@ def _planes_dot(acc, s, x_rows, words, z, m_mask, q, first: tl.constexpr, count:
                                     _plane_minus_zero(words, zc, 7, mode, ASM, sc))))
         # (n, c, p0, p1, p2) holds plane p0 + 2 p1 + 4 p2, column c: column 16 plane + c of the chunk
         a = tl.reshape(tl.permute(a, (0, 4, 3, 2, 1)), (BLOCK_N, 128))
-        xc = tl.load(x_rows + q * 128, mask=m_mask[:, None], other=0.0)
+        if X_TILE:
+            xc = x_rows
+        else:
+            xc = tl.load(x_rows + q * 128, mask=m_mask[:, None], other=0.0)
         if F32_DOT:
             xc = xc.to(tl.float32)
         if FOLD:
@@ -173,21 +178,24 @@ def _planes_dot(acc, s, x_rows, words, z, m_mask, q, first: tl.constexpr, count:
 
 
 @triton.jit
-def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
+def _planes_kernel(x_ptr, x_desc, w_ptr, w_desc, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_w,
                    chunks_per_split, n_chunks, m_tiles, n_splits,
                    GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
                    PARTIAL: tl.constexpr, FIXUP: tl.constexpr, F32_DOT: tl.constexpr, CODE_MODE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1,
                    SCALE_AHEAD: tl.constexpr = False, K128: tl.constexpr = False, FOLD: tl.constexpr = False,
-                   PF_LINES: tl.constexpr = 0):
+                   PF_LINES: tl.constexpr = 0, TMA: tl.constexpr = False, X_TMA: tl.constexpr = False):
     """(BLOCK_N features, BLOCK_M rows) of out^T per program, over chunks of 128 codes: per chunk
     one (BLOCK_N, 16) word tile; nibble ``i`` of it, minus the zero, is the MMA's A operand for
     columns 16i .. 16i+15 against the matching (BLOCK_M, 16) slice of x. Each group's MMA sum
     (float32) is multiplied by its scales and added to the accumulator. Each loop step takes
     CHUNKS chunks (it divides the split's chunks); SCALE_AHEAD (one group per chunk) loads the
     next chunk's scales a step early. PF_LINES: with PDL, the first PF_LINES 128-byte lines of
-    each weight row of the split are prefetched to L2 before the wait on the previous kernel."""
+    each weight row of the split are prefetched to L2 before the wait on the previous kernel. TMA:
+    the word tiles come through ``w_desc``, a (N, K / 8) tensor descriptor of (BLOCK_N, 16) blocks
+    (Hopper's copy engine; rows past N read as zeros), instead of pointer loads; X_TMA (with K128)
+    x's chunks through ``x_desc``, (BLOCK_M, 128) blocks of (M, K) (rows past M read as zeros)."""
     PPG: tl.constexpr = 8 if (PER_ROW or GROUP >= 128) else GROUP // 16     # planes per group
     pid = tl.program_id(0)
     pid_m = pid % m_tiles
@@ -217,7 +225,10 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
     for q0 in range(q_start, q_end, CHUNKS):                 # CHUNKS divides the split's chunks
         for c in tl.static_range(CHUNKS):
             q = q0 + c
-            words = tl.load(w_rows + q * 16, mask=n_mask[:, None], other=0)
+            if TMA:
+                words = w_desc.load([pid_n * BLOCK_N, q * 16])
+            else:
+                words = tl.load(w_rows + q * 16, mask=n_mask[:, None], other=0)
             for h in tl.static_range(8 // PPG):                  # the groups of this chunk
                 # loaded in the loop, not a chunk ahead: a zero carried across iterations took a
                 # layout of its own, and the codes then went through shared memory (sm_90 TTGIR)
@@ -229,8 +240,12 @@ def _planes_kernel(x_ptr, w_ptr, gw_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, 
                     s_next = _word_scale(_group_word(gw_ptr, rows, n_mask, N, (q_next * 128) // GROUP, PER_ROW))
                 else:
                     s = _word_scale(word)
-                acc = _planes_dot(acc, s, x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M,
-                                  BLOCK_N, K128, FOLD)
+                if X_TMA and K128:
+                    acc = _planes_dot(acc, s, x_desc.load([pid_m * BLOCK_M, q * 128]), words, z, m_mask, q, h * PPG,
+                                      PPG, F32_DOT, CODE_MODE, ASM, BLOCK_M, BLOCK_N, K128, FOLD, True)
+                else:
+                    acc = _planes_dot(acc, s, x_rows, words, z, m_mask, q, h * PPG, PPG, F32_DOT, CODE_MODE, ASM,
+                                      BLOCK_M, BLOCK_N, K128, FOLD)
     acc = tl.trans(acc)
     _store(acc, ms, m_mask, rows, n_mask, pid_k, pid, M, N, b_ptr, out_ptr, ws_ptr, cnt_ptr, n_splits,
            HAS_BIAS, PARTIAL, FIXUP)
@@ -248,15 +263,18 @@ _planes_one_row = TritonLauncher(_planes_one_row_kernel)
 
 
 def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per_sm: Optional[int] = None,
-                  fixup: bool = False, asm: Optional[bool] = None) -> torch.Tensor:
+                  fixup: bool = False, asm: Optional[bool] = None, tma: Optional[bool] = None,
+                  x_tma: Optional[bool] = None) -> torch.Tensor:
     """Run ``call`` (a planes-layout weight) with ``planes_config`` or an explicit (BLOCK_M,
     BLOCK_N, warps, stages[, programs per SM[, chunks per step[, scale ahead[, K = 128 dot[, scale
     folded]]]]]) (the K = 128 dot needs groups of >= 128 codes; smaller groups run per plane);
     K splits aim at ``programs_per_sm`` (default: the config's); ``fixup`` adds the split partials
     in the kernel (the last split of a tile) instead of the combine kernel; ``asm`` unpacks two
     codes per ``prmt``/``lop3`` (``_plane_minus_zero``; default: on, except under the interpreter,
-    which has no inline PTX). Two chunks per step need an even number of chunks (K / 128); with an
-    odd number the kernel steps one chunk at a time."""
+    which has no inline PTX); ``tma`` / ``x_tma`` read the codes / x through tensor descriptors
+    (default: ``tma_forms``).
+    Two chunks per step need an even number of chunks (K / 128); with an odd number the kernel
+    steps one chunk at a time."""
     p, w, x = call.problem, call.w, call.x
     config = tuple(config or planes_config(p))
     block_m, block_n, warps, stages = config[:4]
@@ -284,14 +302,54 @@ def launch_planes(call: LinearCall, config: Optional[tuple] = None, programs_per
     kernel = _planes_one_row if p.m == 1 else _planes
     pf_lines = prefetch_lines(n_tiles * split, x.device, pps, block_n, k_per_split // 2) \
         if dependent and p.n * p.k >= PLANES_PREFETCH_MIN_NK else 0
-    kernel((tiles, split), (x, w.packed, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
+    default_w, default_x = tma_forms(p, x)
+    tma = default_w if tma is None else tma
+    x_tma = (default_x if x_tma is None else x_tma) and k128 and _descriptor_ok(x)
+    w_desc = _word_tiles(w.packed, block_n) if tma else w.packed
+    x_desc = _x_tiles(x, block_m) if x_tma else x
+    kernel((tiles, split), (x, x_desc, w.packed, w_desc, w.group_words, bias, out, ws, counters, p.m, p.n, x.stride(0),
                             w.packed.stride(0), k_per_split // PLANE_CHUNK, p.k // PLANE_CHUNK, m_tiles, split,
                             w.group, per_row, has_bias, split > 1, fixup, interpreting, mode, block_m, block_n,
-                            asm, dependent, chunks, scale_ahead, k128, fold, pf_lines),
+                            asm, dependent, chunks, scale_ahead, k128, fold, pf_lines, tma, x_tma),
            num_warps=warps, num_stages=stages)
     if split > 1 and not fixup:
         launch_combine(ws, bias, out, split, has_bias, dependent)
     return epilogue.finish(out, call)   # only the dense one-row GEMV fuses SwiGLU
+
+
+def tma_forms(p: LinearProblem, x: torch.Tensor) -> tuple[bool, bool]:
+    """(codes, x) through tensor descriptors by default: ``planes_tiles.planes_tma`` on GPUs with
+    Hopper's copy engine (compute capability 9.0+), pointers elsewhere and under the interpreter.
+
+    Example:
+        >>> tma_forms(LinearProblem(torch.bfloat16, 16, 28672, 4096, 4, 128, False, False, "cpu", "planes"),
+        ...           torch.zeros(16, 4096))
+        (False, False)
+    """
+    if x.device.type != "cuda" or triton_interpreting() or not nvidia_sm90_or_newer(x.device.index):
+        return False, False
+    return planes_tiles.planes_tma(p)
+
+
+def _descriptor_ok(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor can be a descriptor's base: unit inner stride, 16-byte aligned address
+    and row stride."""
+    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def _word_tiles(packed: torch.Tensor, block_n: int):
+    """A tensor descriptor over the planes layout's (N, K / 8) int32 words whose block is one
+    chunk (16 words) of ``block_n`` rows: what the kernel's TMA form loads per chunk."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(packed, list(packed.shape), [packed.stride(0), 1], [block_n, 16])
+
+
+def _x_tiles(x: torch.Tensor, block_m: int):
+    """A tensor descriptor over x (M, K) whose block is one chunk (128 columns) of ``block_m`` rows."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [block_m, 128])
 
 
 def supports_planes(p: LinearProblem) -> Optional[str]:

@@ -119,6 +119,9 @@ PLANES_MMA_MIN_NK = 16 * 2 ** 20
 #: only: 8B int4-head decode at batch 1 369.7 -> 382.7 tokens/s, the 1B within 3%
 #: (``results/h100/2026-11-28-31c2149``).
 PLANES_PREFETCH_MIN_NK = PLANES_LARGE_MIN_NK
+#: The planes kernel reads its codes and x through tensor descriptors (Hopper's TMA copies, sm_90+;
+#: ``planes_tma``) from this many rows, on weights of ``PLANES_LARGE_MIN_NK``+ elements only.
+PLANES_TMA_MIN_M = 9
 #: Weights of at most ``PLANES_SMALL_MAX_NK`` elements run dequant+cuBLAS from this many rows
 #: (unmeasured for 16-row tiles beyond 64 rows), as every weight from ``problem.DEQUANT_GEMM_MIN_M`` rows.
 PLANES_DEQUANT_SMALL_MIN_M = 65
@@ -167,6 +170,44 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
     if nk >= PLANES_LARGE_MIN_NK:
         return (PLANES_MAX_BLOCK_M,) + PLANES_TILE_LARGE
     return (PLANES_MAX_BLOCK_M,) + PLANES_TILE_EIGHT_WARPS
+
+
+def planes_tma(p: LinearProblem) -> tuple[bool, bool]:
+    """(codes, x) of the planes kernel through tensor descriptors on a GPU with TMA, by rows and
+    weight, as measured (H100, CUDA graphs over L2-cold weights, time with descriptors / with
+    pointers, ``planes_tma_probe.py``, ``results/h100/2026-11-28-b1c4f0e/``):
+
+    * the output heads (``PLANES_HEAD_MIN_NK``+) from ``PLANES_TMA_MIN_M`` rows: 16 rows 0.86-0.88,
+      32 0.89-0.91, 64 0.80-0.83, 96 0.84-0.92, 128 0.84-0.93;
+    * weights of ``PLANES_LARGE_MIN_NK``+ elements with ``PLANES_UNSPLIT_MIN_N``+ features (8B gate_up):
+      9-32 rows (16 rows 0.85-0.88, 32 0.87-0.88; 64 rows lost, 1.11-1.13);
+    * the other ``PLANES_LARGE_MIN_NK``+ weights (8B down, K split): 17-64 rows (32 rows 0.93,
+      64 0.95-0.96; 16 rows lost, 1.05-1.06, and 96-128 rows 1.50).
+
+    Below ``PLANES_TMA_MIN_M`` rows the codes' copies were slower on every large weight (8B gate_up
+    at 2-8 rows 1.18-1.27), and on weights under ``PLANES_LARGE_MIN_NK`` elements at every row count
+    (1B qkv / o 1.08-1.23, 1B gate_up 1.02-1.07, 8B qkv / o 1.04-1.17): pointers there. Both
+    operands or neither: descriptors for x alone were not timed.
+
+    Example:
+        >>> import torch
+        >>> def tma(m, n, k):
+        ...     return planes_tma(LinearProblem(torch.bfloat16, m, n, k, 4, 128, False, False, "cuda", "planes"))
+        >>> tma(16, 28672, 4096), tma(64, 28672, 4096), tma(16, 4096, 14336), tma(64, 4096, 14336)
+        ((True, True), (False, False), (False, False), (True, True))
+        >>> tma(8, 128256, 4096), tma(128, 128256, 2048), tma(32, 16384, 2048)
+        ((False, False), (True, True), (False, False))
+    """
+    nk = p.n * p.k
+    if p.m < PLANES_TMA_MIN_M or nk < PLANES_LARGE_MIN_NK:
+        on = False
+    elif nk >= PLANES_HEAD_MIN_NK:
+        on = True
+    elif p.n >= PLANES_UNSPLIT_MIN_N:
+        on = p.m <= 32
+    else:
+        on = 17 <= p.m <= PLANES_MAX_BLOCK_M
+    return on, on
 
 
 def _four_warps(p: LinearProblem) -> tuple:
