@@ -12,6 +12,7 @@ pointer loads, on the nine 1B/8B projection shapes and the 8B head at 1, 16, 32 
 
     PYTHONPATH=src python3 benchmarks/tools/planes_tma_probe.py              # H100: about two minutes
     PYTHONPATH=src python3 benchmarks/tools/planes_tma_probe.py --tma ptr --cli bench --suite model --shapes 8b
+    python3 benchmarks/tools/planes_tma_probe.py --plot planes_tma_probe.json planes_tma_probe.png
 """
 from __future__ import annotations
 
@@ -67,7 +68,35 @@ def _case(label: str, ws: list, x: torch.Tensor, want: torch.Tensor) -> dict:
     return row
 
 
+def plot(src: str, dst: str) -> int:
+    """Time with descriptors (codes and x) over time with pointers, per weight against rows."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    lines: dict = {}
+    for r in json.load(open(src))["rows"]:
+        if "wx" in r["us"] and "ptr" in r["us"]:
+            lines.setdefault(r["shape"], []).append((r["m"], r["us"]["wx"] / r["us"]["ptr"]))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, points in sorted(lines.items()):
+        points.sort()
+        ax.plot([m for m, _ in points], [v for _, v in points], marker="o", label=label)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows of x (M)")
+    ax.set_ylabel("time with descriptors / with pointers (below 1: faster)")
+    ax.set_title("planes kernel: codes and x through TMA descriptors (H100, CUDA graphs, L2-cold)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--plot"]:
+        return plot(sys.argv[2], sys.argv[3])
     parser = probe_parser("a form of the planes kernel's loads as the default")
     parser.add_argument("--tma", choices=CLI_FORMS, default=None, help="the form --cli runs with")
     parser.add_argument("--rows", default="1,16,32,64")

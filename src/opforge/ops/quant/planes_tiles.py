@@ -175,7 +175,7 @@ def planes_config(p: LinearProblem) -> tuple[int, int, int, int, int, int, bool,
 def planes_tma(p: LinearProblem) -> tuple[bool, bool]:
     """(codes, x) of the planes kernel through tensor descriptors on a GPU with TMA, by rows and
     weight, as measured (H100, CUDA graphs over L2-cold weights, time with descriptors / with
-    pointers, ``planes_tma_probe.py``, ``results/h100/2026-11-28-b1c4f0e/``):
+    pointers, ``planes_tma_probe.py``, ``results/h100/2026-11-28-fc5be0b/``):
 
     * the output heads (``PLANES_HEAD_MIN_NK``+) from ``PLANES_TMA_MIN_M`` rows: 16 rows 0.86-0.88,
       32 0.89-0.91, 64 0.80-0.83, 96 0.84-0.92, 128 0.84-0.93;
