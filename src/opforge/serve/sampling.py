@@ -90,7 +90,7 @@ class SamplingParams:
 
 
 #: ``argmax_rows``' first stage aims at about this many chunk maxima in all (rows x chunks per row).
-#: H100 (``results/h100/2026-11-27-8eaf320/argmax_probe.json``, 128256-wide bf16 rows, GPU time):
+#: H100 (``results/h100/2026-11-27-1ed549a/argmax_probe.json``, 128256-wide bf16 rows, GPU time):
 #: chunks of 256 at 1 and 8 rows (11.1 / 12.5 us against 15.8 / 16.9 with chunks of 2004), of
 #: 1002 at 32 rows (15.1 against 17.2; 256 there: 19.9).
 ARGMAX_STAGE_OUTPUTS = 4096
