@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import torch
 
 import opforge
+from opforge.bench.timing import Clock
 from opforge.ops.quant import planes, planes_tiles, repack
 from opforge.ops.quant.problem import prepare
 
 sys.path.insert(0, os.path.dirname(__file__))
-from int4_candidate import SHAPE_8B_HEAD, SHAPES_1B, SHAPES_8B, copies_for, form_error, graph_us, probe_parser, \
-    write_json  # noqa: E402
+from int4_candidate import SHAPE_8B_HEAD, SHAPES_1B, SHAPES_8B, copies_for, form_error, graph_us, oracle, \
+    probe_parser, write_json  # noqa: E402
 
 FORMS = {"ptr": (False, False), "w": (True, False), "wx": (True, True)}
 #: --cli forms: pointers everywhere, or the product's rule (``planes_tiles.planes_tma``)
@@ -37,13 +37,9 @@ ORDER = ("ptr", "w", "wx", "wx", "w", "ptr")
 
 
 def _wall_us(fn, calls: int = 200) -> float:
+    """Wall time per eager call (after one warm-up call), by the bench harness's clock."""
     fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e6 / calls
+    return Clock(torch.device("cuda")).wall_per_call(fn, [()], calls)
 
 
 def _case(label: str, ws: list, x: torch.Tensor, want: torch.Tensor) -> dict:
@@ -125,7 +121,7 @@ def main() -> int:
                 continue    # dequant+cuBLAS runs it
             if m == 1 and n * k < planes_tiles.PLANES_MMA_MIN_NK:
                 continue    # the planes GEMV runs it
-            results.append(_case(label, ws, x, x.double() @ ws[0].dequantize(torch.float64).T))
+            results.append(_case(label, ws, x, oracle(x, ws[0])))
         del ws
     write_json({"device": torch.cuda.get_device_name(), "rows": results}, "planes_tma_probe.json", args.out)
     bad = [r for r in results if any(r["errors"].values()) or not all(r["bitwise_equal"].values())]

@@ -26,7 +26,7 @@ import opforge
 from opforge.ops.quant import config, repack
 
 sys.path.insert(0, os.path.dirname(__file__))
-from int4_candidate import copies_for, form_error, graph_us, probe_parser, write_json  # noqa: E402
+from int4_candidate import copies_for, form_error, graph_us, oracle, probe_parser, write_json  # noqa: E402
 
 INT4 = [(28672, 4096, "8B gate_up"), (4096, 14336, "8B down"), (128256, 4096, "8B head")]
 
@@ -76,7 +76,7 @@ def main() -> int:
         ws = [repack(opforge.quantize_weight(w + 1e-3 * i, 4, 128), "planes") for i in range(copies_for(n * k // 2, False))]
         for m in (1, 8):
             x = torch.randn((m, k), generator=g, device="cuda").to(torch.bfloat16)
-            rows.append(_case(label, ws, x, x.double() @ ws[0].dequantize(torch.float64).T, budget))
+            rows.append(_case(label, ws, x, oracle(x, ws[0]), budget))
         del ws
     write_json({"device": torch.cuda.get_device_name(), "budget": budget, "rows": rows}, "prefetch_probe.json", args.out)
     bad = [r for r in rows if not r["bitwise_equal"] or r["error"]]
